@@ -1,0 +1,256 @@
+"""Generation backends behind one small interface, plus model/tokenizer loading.
+
+    backend.generate(prompts, max_new_tokens=..., temperature=..., contexts=None) -> [Generation]
+
+prompts are lists of token ids (already chat-templated); a Generation holds the response token ids (the
+stop token included when the model stopped by itself, so a trainer learns to stop), the decoded text, the
+sampled tokens' log-probs where the backend gives them, and why it stopped ('stop' or 'length').
+
+  VLLMBackend  GPU; batched; sampled-token log-probs; sleep/wake and per-parameter weight loading so it
+               can live on the trainer's GPUs (one engine per torchrun rank, `external_launcher`).
+  HFBackend    Hugging Face `generate`; CPU and tests; the same weight-loading interface.
+  ExpertPolicy plays each ALFWorld game's stored walkthrough inside the same <think>/<action> format, so
+               the whole chain (prompt -> parse -> env -> records) runs with wins on CPU.
+"""
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HUB_TOKENIZER = "Qwen/Qwen2.5-0.5B-Instruct"  # same tokenizer files as every Qwen2.5 instruct size
+
+
+@dataclass
+class Generation:
+    token_ids: list
+    text: str
+    finish_reason: str  # 'stop' | 'length'
+    logprobs: list = field(default=None)  # per response token, or None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Models and tokenizers
+
+def shared_dir():
+    """../shared (or $SHARED): the offline Qwen2.5 tokenizer/configs and the ALFWorld archive."""
+    return os.environ.get("SHARED", os.path.join(os.path.dirname(REPO), "shared"))
+
+
+def default_tokenizer_path():
+    """$SEED_TOKENIZER, else the real Qwen2.5 tokenizer in ../shared/assets, else the hub id."""
+    for path in (os.environ.get("SEED_TOKENIZER"), os.path.join(shared_dir(), "assets", "qwen2.5-tokenizer")):
+        if path and os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+            return path
+    return HUB_TOKENIZER
+
+
+def load_tokenizer(model):
+    """`tiny` and `expert` use the real Qwen2.5 tokenizer; a model path/hub id uses its own."""
+    from transformers import AutoTokenizer
+    path = default_tokenizer_path() if model in ("tiny", "expert") else model
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def stop_token_ids(tokenizer):
+    """Tokens that end a response: <|im_end|> (Qwen's eos) and <|endoftext|>."""
+    ids = {tokenizer.eos_token_id}
+    for t in ("<|im_end|>", "<|endoftext|>"):
+        i = tokenizer.convert_tokens_to_ids(t)
+        if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id:
+            ids.add(i)
+    return sorted(i for i in ids if i is not None)
+
+
+def tiny_config():
+    """A tiny random Qwen2 with the real Qwen2.5 vocabulary (CPU demos and tests)."""
+    from transformers import Qwen2Config
+    return Qwen2Config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+                       tie_word_embeddings=True, rope_theta=1e6, bos_token_id=151643, eos_token_id=151645)
+
+
+def attn_implementation(device):
+    """flash-attention 2 when installed (GPU), else PyTorch SDPA."""
+    if device.type == "cuda":
+        try:
+            import flash_attn  # noqa: F401
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return "sdpa"
+
+
+def load_model(model, *, dtype=torch.float32, device="cpu", seed=0):
+    """`tiny` -> a random tiny Qwen2 (seeded); otherwise from_pretrained(path or hub id)."""
+    from transformers import AutoModelForCausalLM
+    device = torch.device(device)
+    if model == "tiny":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            m = AutoModelForCausalLM.from_config(tiny_config(), attn_implementation="sdpa", dtype=dtype)
+        return m.to(device)
+    return AutoModelForCausalLM.from_pretrained(model, dtype=dtype,
+                                                attn_implementation=attn_implementation(device)).to(device)
+
+
+def clean_param_name(name):
+    """Parameter names as the HF checkpoint has them: drop wrapper prefixes (activation checkpointing,
+    torch.compile) so the same names work for vLLM's load_weights and for saving."""
+    for junk in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
+        name = name.replace(junk, "")
+    return name
+
+
+# ----------------------------------------------------------------------------------------------------
+# Backends
+
+class HFBackend:
+    """Hugging Face `generate`, batched with left padding. Holds its own unsharded copy of the weights
+    (like a vLLM engine would), refreshed with `load_weights` after each update."""
+
+    def __init__(self, model, tokenizer, batch_size=16, want_logprobs=False):
+        self.model, self.tok, self.batch_size, self.want_logprobs = model.eval(), tokenizer, batch_size, want_logprobs
+        self.stop_ids = stop_token_ids(tokenizer)
+        self.device = next(model.parameters()).device
+
+    @torch.no_grad()
+    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None):
+        from transformers import GenerationConfig
+        cfg = GenerationConfig(do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
+                               top_p=1.0, top_k=0, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
+                               pad_token_id=self.tok.pad_token_id, eos_token_id=self.stop_ids,
+                               output_logits=self.want_logprobs, return_dict_in_generate=True)
+        out = []
+        for b in range(0, len(prompts), self.batch_size):
+            chunk = prompts[b:b + self.batch_size]
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), self.tok.pad_token_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, p in enumerate(chunk):  # left padding: generation continues right after the prompt
+                ids[i, width - len(p):] = torch.tensor(p)
+                mask[i, width - len(p):] = 1
+            res = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                      generation_config=cfg)
+            new = res.sequences[:, width:].tolist()  # [B, T_new]
+            lps = None
+            if self.want_logprobs:  # log-softmax of the raw logits (like vLLM's raw_logprobs)
+                logits = torch.stack(res.logits, 1).float()  # [B, T_new, V]
+                lps = logits.log_softmax(-1).gather(-1, res.sequences[:, width:, None].to(logits.device))[..., 0]
+            for i, toks in enumerate(new):
+                n, reason = len(toks), "length"
+                for j, t in enumerate(toks):
+                    if t in self.stop_ids:
+                        n, reason = j + 1, "stop"
+                        break
+                toks = toks[:n]
+                out.append(Generation(toks, self.tok.decode(toks, skip_special_tokens=True), reason,
+                                      lps[i, :n].tolist() if lps is not None else None))
+        return out
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors):
+        params = dict(self.model.named_parameters())
+        for name, tensor in named_tensors:
+            if name in params:  # a tied lm_head arrives as embed_tokens only
+                params[name].copy_(tensor.to(params[name].dtype))
+
+    def sleep(self):
+        pass
+
+    def wake_up(self, tags=None):
+        pass
+
+
+class VLLMBackend:
+    """A vLLM engine in this process. Under torchrun every rank holds its own engine and generates for
+    its own prompts (`external_launcher` with tensor_parallel_size=1: vLLM treats the other ranks as
+    independent data-parallel replicas). Written against vLLM 0.32 (pinned in requirements-gpu.txt), run
+    on the device with 0.24: `LLM`, `SamplingParams`, `sleep/wake_up`, `reset_prefix_cache` and the
+    driver worker's `model_runner.model.load_weights` are the same in both."""
+
+    def __init__(self, model_path, tokenizer, *, max_model_len, gpu_memory_utilization=0.35, seed=0,
+                 enable_sleep_mode=True, dtype="bfloat16"):
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        from vllm import LLM
+        import torch.distributed as dist
+        kw = {}
+        if dist.is_available() and dist.is_initialized():
+            kw["distributed_executor_backend"] = "external_launcher"
+        self.tok = tokenizer
+        self.llm = LLM(model=model_path, tokenizer=getattr(tokenizer, "name_or_path", None) or model_path,
+                       dtype=dtype, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+                       enable_sleep_mode=enable_sleep_mode, enable_prefix_caching=True, seed=seed,
+                       tensor_parallel_size=1, **kw)
+        self.sleeping = False
+
+    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        # Explicit sampling: no model-default top_p/top_k/repetition penalty; logprobs=0 returns the sampled
+        # token's log-prob under the raw (unprocessed) distribution, comparable with the trainer's.
+        sp = SamplingParams(temperature=temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
+                            max_tokens=max_new_tokens, logprobs=0, skip_special_tokens=True)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sp, use_tqdm=False)
+        gens = []
+        for o in outs:
+            c = o.outputs[0]
+            lps = [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs is not None else None
+            gens.append(Generation(list(c.token_ids), c.text, "length" if c.finish_reason == "length" else "stop",
+                                   lps))
+        return gens
+
+    def _model(self):
+        runner = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+    def load_weights(self, named_tensors):
+        """Per-parameter push (HF names; vLLM fuses q/k/v and gate/up itself). The prefix cache holds KV
+        of the old weights, so it is dropped."""
+        model = self._model()
+        for name, tensor in named_tensors:
+            model.load_weights(weights=[(name, tensor)])
+        self.llm.reset_prefix_cache()
+
+    def sleep(self):
+        if not self.sleeping:
+            self.llm.sleep(level=1)  # weights to CPU, KV cache freed
+            self.sleeping = True
+
+    def wake_up(self, tags=None):
+        if self.sleeping:
+            self.llm.wake_up(tags=tags)
+            self.sleeping = tags is not None and "kv_cache" not in tags
+
+
+class ExpertPolicy:
+    """Scripted expert: answers each step with the next command of the game's stored walkthrough, in the
+    agent's <think>/<action> format. contexts[i] is the episode record (needs 'game_file' and 'steps')."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.plans = {}
+
+    def plan(self, game_file):
+        if game_file not in self.plans:
+            with open(game_file) as f:
+                self.plans[game_file] = list(json.load(f).get("walkthrough", []))
+        return self.plans[game_file]
+
+    def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None):
+        if contexts is None:
+            raise ValueError("ExpertPolicy needs the episodes as contexts")
+        out = []
+        for ep in contexts:
+            plan, t = self.plan(ep["game_file"]), len(ep["steps"])
+            action = plan[t] if t < len(plan) else "look"
+            text = (f"<think>Following the expert plan: step {t + 1} of {len(plan)} is '{action}'.</think>\n"
+                    f"<action>{action}</action>")
+            ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.eos]
+            out.append(Generation(ids, text, "stop", None))
+        return out
