@@ -1,0 +1,182 @@
+"""Trainer-side plumbing shared by sft.py and seed_rl.py: process groups, FSDP2 sharding, the memory-lean
+log-prob of given tokens, packed/padded micro-batches, and Hugging Face checkpoints of a sharded model.
+
+The algorithm lives in the scripts; this file only holds what both trainers would otherwise write twice.
+"""
+import datetime
+import os
+import socket
+import types
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
+
+from envs.backends import clean_param_name
+
+
+# ----------------------------------------------------------------------------------------------------
+# Process group
+
+def init_distributed():
+    """torchrun or plain python (world size 1). NCCL on GPU, gloo on CPU. Returns (rank, world, device)."""
+    if "RANK" not in os.environ:  # plain `python script.py`: a process group of one, so FSDP code is the same
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local)  # one GPU per local rank; on 2 nodes local != global rank
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(minutes=60))
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=60))
+    return rank, world, device
+
+
+def print0(*a, **k):
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*a, **k, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# FSDP2
+
+def shard_model(model, device, *, train=True, activation_checkpointing=False):
+    """fully_shard every decoder layer, then the root. Parameters stay fp32 (the master weights); on GPU
+    compute runs in bf16 (params all-gathered in bf16, gradients reduced in fp32). On CPU all is fp32."""
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
+        else MixedPrecisionPolicy()
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    # A second forward entry point that FSDP hooks like `forward`: it returns log-probs of given tokens
+    # without ever building the full [tokens, vocab] logits (see `_token_logprobs`).
+    model.token_logprobs = types.MethodType(_token_logprobs, model)
+    register_fsdp_forward_method(model, "token_logprobs")
+    if not train:
+        model.requires_grad_(False)
+    return model
+
+
+def _chunk_logprobs(hidden, weight, targets):
+    logits = (hidden @ weight.t()).float()  # [C, V]: fp32 for one chunk only
+    return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
+
+
+def _token_logprobs(self, input_ids, targets, select, attention_mask=None, position_ids=None, chunk_size=1024):
+    """log p(targets[b, t] | input_ids[b, :t+1]) at the positions where `select` is True, 0 elsewhere.
+
+    input_ids, targets, select: [B, T] (targets = input_ids shifted left by one). Only selected positions
+    go through the LM head, in chunks of `chunk_size` tokens; with grad enabled each chunk is
+    recomputed in backward (checkpoint), so at most one [chunk, vocab] fp32 block is alive at a time
+    instead of [B*T, vocab] (8 x 1,536 tokens x 151,936 x 4 bytes = 7.5 GB).
+    """
+    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                        position_ids=position_ids).last_hidden_state  # [B, T, H]
+    idx = select.reshape(-1).nonzero()[:, 0]  # [N] selected flat positions
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)  # [N, H]
+    tgt = targets.reshape(-1).index_select(0, idx)  # [N]
+    w = self.lm_head.weight
+    parts = []
+    for s in range(0, h.shape[0], chunk_size):
+        if torch.is_grad_enabled():
+            parts.append(checkpoint(_chunk_logprobs, h[s:s + chunk_size], w, tgt[s:s + chunk_size], use_reentrant=False))
+        else:
+            parts.append(_chunk_logprobs(h[s:s + chunk_size], w, tgt[s:s + chunk_size]))
+    lp = torch.cat(parts) if parts else h.new_zeros(0, dtype=torch.float32)
+    # out-of-place scatter back to [B, T] (an FSDP output must not be a view: see FSDP2's pre-backward hook)
+    return torch.zeros(input_ids.shape, dtype=torch.float32, device=lp.device).masked_scatter(select, lp)
+
+
+def full_params(model):
+    """Yield (HF name, full tensor) per parameter, in the same order on every rank (each is an all-gather
+    collective). Never holds more than one full parameter at a time."""
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if isinstance(p, DTensor) else p
+        yield clean_param_name(name), full.detach()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Micro-batches: padded (SDPA) or packed padding-free (flash-attention 2)
+
+def make_batch(seqs, device, packed=False, pad_id=0):
+    """seqs: lists of token ids. Returns dict(input_ids, targets, attention_mask|position_ids, starts).
+
+    padded: [B, T] right-padded, attention_mask [B, T].
+    packed: [1, sum(len)] with position_ids restarting at 0 per sequence; flash-attention 2 (transformers)
+            reads the sequence boundaries from position_ids, so no padding is computed at all.
+    starts[i]: (row, column) of sequence i's first token. targets[b, t] = input_ids[b, t + 1] (the last
+    position's target is a dummy; callers select only response positions).
+    """
+    if packed:
+        ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long)[None]
+        pos = torch.tensor([i for s in seqs for i in range(len(s))], dtype=torch.long)[None]
+        starts, off = [], 0
+        for s in seqs:
+            starts.append((0, off))
+            off += len(s)
+        batch = dict(input_ids=ids, position_ids=pos)
+    else:
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = torch.tensor(s)
+            mask[i, :len(s)] = 1
+        starts = [(i, 0) for i in range(len(seqs))]
+        batch = dict(input_ids=ids, attention_mask=mask)
+    batch["targets"] = torch.roll(batch["input_ids"], -1, dims=1)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    batch["starts"] = starts
+    return batch
+
+
+def response_select(batch, spans):
+    """spans[i] = (prompt_len, response_len) of sequence i. Returns a bool [rows, T] selecting the positions
+    whose *target* is a response token (position prompt_len-1+j predicts response token j)."""
+    sel = torch.zeros_like(batch["input_ids"], dtype=torch.bool)
+    for (row, col), (p_len, r_len) in zip(batch["starts"], spans):
+        sel[row, col + p_len - 1: col + p_len - 1 + r_len] = True
+    return sel
+
+
+def gather_response(values, batch, spans):
+    """Per-sequence response values from a [rows, T] tensor: list of 1-D tensors of length r_len."""
+    return [values[row, col + p - 1: col + p - 1 + r] for (row, col), (p, r) in zip(batch["starts"], spans)]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hugging Face checkpoint of a sharded model
+
+def save_hf_checkpoint(model, tokenizer, out_dir, rank, dtype=None):
+    """Gather the full weights parameter by parameter (rank 0 keeps them on CPU) and write a folder that
+    transformers and vLLM load as is: safetensors, config (with the real architecture name, not FSDP's
+    wrapper class), generation config, tokenizer."""
+    from huggingface_hub import save_torch_state_dict
+    state = {}
+    for name, full in full_params(model):
+        if rank == 0:
+            state[name] = full.to("cpu", dtype or full.dtype).contiguous()
+    if rank == 0:
+        os.makedirs(out_dir, exist_ok=True)
+        if getattr(model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_torch_state_dict(state, out_dir)
+        cfg = model.config
+        cfg.architectures = [type(model).__name__.removeprefix("FSDP")]
+        cfg.use_cache = True
+        if dtype is not None:
+            cfg.dtype = str(dtype).removeprefix("torch.")
+        cfg.save_pretrained(out_dir)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+    dist.barrier()
