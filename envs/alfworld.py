@@ -100,6 +100,12 @@ def select_games(split, seed, *, tasks_per_type=None, n=None):
     return [game_record(g, split) for g in games]
 
 
+def rl_task_stream(seed, tasks_per_update, updates):
+    """Stage 2's task instances: tasks_per_update x updates games drawn from the train split (the paper:
+    16 x 150 = 2,400), a seeded shuffle; update u plays stream[u*tasks_per_update:(u+1)*tasks_per_update]."""
+    return select_games("train", seed, n=tasks_per_update * updates)
+
+
 def walkthrough(game_file):
     """The game's stored expert walkthrough (a list of commands that wins it)."""
     with open(game_file) as f:

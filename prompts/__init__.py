@@ -2,7 +2,7 @@
 from prompts.agent import (build_agent_prompt, extract_task, parse_action, action_to_execute, skill_block,
                            SKILL_TITLE)
 from prompts.analysis import (build_analysis_prompt, parse_analysis, target_json, serialize_steps,
-                              MIN_SKILL_WORDS)
+                              MIN_SKILL_WORDS, ANALYSIS_MAX_CHARS)
 
 
 def chat_prompt(tokenizer, user_text):

@@ -27,6 +27,10 @@ STRICT_REMINDER = """
 IMPORTANT: your previous answer could not be used ({reason}). Reply with exactly one JSON object, with no code fences and no text before or after it, with exactly the two string keys "episode_summary" and "episode_skill"; the skill must be at least 5 words."""
 
 MIN_SKILL_WORDS = 5
+# Bound on the analysis prompt, in characters (~4 per token): a 30-step episode with 512-token responses
+# would be ~16k tokens; this keeps prompt + answer inside SFT's 8,192-token limit. Every stage uses it, so
+# the policy is trained (sft.py) on exactly the prompts it later answers (seed_rl.py).
+ANALYSIS_MAX_CHARS = 24_000
 
 
 def outcome_text(episode):
@@ -46,7 +50,7 @@ def serialize_steps(steps, max_response_chars=None):
     return "\n\n".join(out)
 
 
-def build_analysis_prompt(episode, *, max_chars=None, reminder=None):
+def build_analysis_prompt(episode, *, max_chars=ANALYSIS_MAX_CHARS, reminder=None):
     """The analysis prompt for a collected episode (collect.py's record format).
 
     max_chars bounds the prompt (a 30-step episode of 512-token responses is ~16k tokens): first each

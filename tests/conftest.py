@@ -1,0 +1,65 @@
+"""Shared fixtures: real ALFWorld games, the real Qwen2.5 tokenizer, small real trajectory files."""
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+
+def _ensure_alfworld_data():
+    """Use $ALFWORLD_DATA; else unpack ../shared/alfworld/alfworld-data.tar.xz once into ~/.cache."""
+    if os.environ.get("ALFWORLD_DATA"):
+        return
+    from envs.backends import shared_dir
+    archive = os.path.join(shared_dir(), "alfworld", "alfworld-data.tar.xz")
+    target = os.path.expanduser("~/.cache/seed-alfworld")
+    if not os.path.isdir(os.path.join(target, "json_2.1.1", "valid_seen")):
+        if not os.path.isfile(archive):
+            raise RuntimeError("set ALFWORLD_DATA (see README: Setup)")
+        os.makedirs(target, exist_ok=True)
+        with tarfile.open(archive) as t:
+            t.extractall(target, filter="data")
+    os.environ["ALFWORLD_DATA"] = target
+
+
+_ensure_alfworld_data()
+
+
+def run_script(args, timeout=600, check=True, **kw):
+    """Run a project script (or `-m torch.distributed.run ...`) in a subprocess from the repo root."""
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.update(kw.pop("env", {}))
+    res = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=timeout, **kw)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{args} exited {res.returncode}\n--- stdout\n{res.stdout[-4000:]}\n"
+                             f"--- stderr\n{res.stderr[-4000:]}")
+    return res
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from envs.backends import load_tokenizer
+    return load_tokenizer("tiny")
+
+
+@pytest.fixture(scope="session")
+def expert_trajectories(tmp_path_factory):
+    """collect.py with the scripted expert: 1 train task per type x 2 rollouts (12 winning episodes)."""
+    out = tmp_path_factory.mktemp("expert") / "traj.jsonl"
+    run_script(["collect.py", "--model", "expert", "--tasks-per-type", "1", "--rollouts", "2",
+                "--workers", "2", "--out", str(out)])
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_trajectories(tmp_path_factory):
+    """collect.py with the tiny random model: 1 train task per type x 1 rollout, 3 steps (failures)."""
+    out = tmp_path_factory.mktemp("tiny") / "traj.jsonl"
+    run_script(["collect.py", "--model", "tiny", "--tasks-per-type", "1", "--rollouts", "1", "--max-steps", "3",
+                "--max-new-tokens", "16", "--workers", "2", "--out", str(out)])
+    return out
