@@ -1,8 +1,10 @@
 """Generation backends behind one small interface, plus model/tokenizer loading.
 
-    backend.generate(prompts, max_new_tokens=..., temperature=..., contexts=None) -> [Generation]
+    backend.generate(prompts, max_new_tokens=..., temperature=..., contexts=None, seeds=None) -> [Generation]
 
-prompts are lists of token ids (already chat-templated); a Generation holds the response token ids (the
+prompts are lists of token ids (already chat-templated); seeds (one int per prompt) make each sample depend
+only on its own seed, not on which other prompts share the batch, so a run is reproducible whatever the
+number of ranks or the batch split (and a resumed run replays the same samples). A Generation holds the response token ids (the
 stop token included when the model stopped by itself, so a trainer learns to stop), the decoded text, the
 sampled tokens' log-probs where the backend gives them, and why it stopped ('stop' or 'length').
 
@@ -109,6 +111,27 @@ def clean_param_name(name):
 # ----------------------------------------------------------------------------------------------------
 # Backends
 
+class SeededSampler:
+    """A logits processor for greedy decoding that turns it into exact per-row seeded sampling (Gumbel-max:
+    argmax(logits / T + Gumbel noise) is a sample of softmax(logits / T)); row i's noise comes from its own
+    generator, so its sample does not depend on the other rows of the batch."""
+
+    def __init__(self, seeds, temperature):
+        self.temperature = temperature
+        self.gens = [torch.Generator().manual_seed(int(s) % (2 ** 63)) for s in seeds]
+
+    def __call__(self, input_ids, scores):
+        u = torch.stack([torch.rand(scores.shape[-1], generator=g, dtype=torch.float64) for g in self.gens])
+        gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))  # [B, V]
+        return scores.float() / self.temperature + gumbel.to(scores.device, torch.float32)
+
+
+def sample_seed(*parts):
+    """A stable 63-bit seed from (run seed, episode id, step, ...)."""
+    import hashlib
+    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
+
+
 class HFBackend:
     """Hugging Face `generate`, batched with left padding. Holds its own unsharded copy of the weights
     (like a vLLM engine would), refreshed with `load_weights` after each update."""
@@ -119,15 +142,19 @@ class HFBackend:
         self.device = next(model.parameters()).device
 
     @torch.no_grad()
-    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None):
-        from transformers import GenerationConfig
-        cfg = GenerationConfig(do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
-                               top_p=1.0, top_k=0, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
+    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None):
+        from transformers import GenerationConfig, LogitsProcessorList
+        seeded = temperature > 0 and seeds is not None
+        # plain multinomial sampling only when unseeded; seeded sampling and greedy decode run as greedy
+        sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) \
+            if temperature > 0 and not seeded else dict(do_sample=False)
+        cfg = GenerationConfig(**sampling, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
                                pad_token_id=self.tok.pad_token_id, eos_token_id=self.stop_ids,
                                output_logits=self.want_logprobs, return_dict_in_generate=True)
         out = []
         for b in range(0, len(prompts), self.batch_size):
             chunk = prompts[b:b + self.batch_size]
+            procs = LogitsProcessorList([SeededSampler(seeds[b:b + self.batch_size], temperature)] if seeded else [])
             width = max(len(p) for p in chunk)
             ids = torch.full((len(chunk), width), self.tok.pad_token_id, dtype=torch.long)
             mask = torch.zeros_like(ids)
@@ -135,7 +162,7 @@ class HFBackend:
                 ids[i, width - len(p):] = torch.tensor(p)
                 mask[i, width - len(p):] = 1
             res = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      generation_config=cfg)
+                                      generation_config=cfg, logits_processor=procs)
             new = res.sequences[:, width:].tolist()  # [B, T_new]
             lps = None
             if self.want_logprobs:  # log-softmax of the raw logits (like vLLM's raw_logprobs)
@@ -188,14 +215,16 @@ class VLLMBackend:
                        tensor_parallel_size=1, **kw)
         self.sleeping = False
 
-    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None):
+    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         # Explicit sampling: no model-default top_p/top_k/repetition penalty; logprobs=0 returns the sampled
         # token's log-prob under the raw (unprocessed) distribution, comparable with the trainer's.
-        sp = SamplingParams(temperature=temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
-                            max_tokens=max_new_tokens, logprobs=0, skip_special_tokens=True)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sp, use_tqdm=False)
+        sps = [SamplingParams(temperature=temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
+                              max_tokens=max_new_tokens, logprobs=0, skip_special_tokens=True,
+                              seed=None if seeds is None else int(seeds[i]) % (2 ** 31))
+               for i in range(len(prompts))]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sps, use_tqdm=False)
         gens = []
         for o in outs:
             c = o.outputs[0]
@@ -242,7 +271,7 @@ class ExpertPolicy:
                 self.plans[game_file] = list(json.load(f).get("walkthrough", []))
         return self.plans[game_file]
 
-    def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None):
+    def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None, seeds=None):
         if contexts is None:
             raise ValueError("ExpertPolicy needs the episodes as contexts")
         out = []

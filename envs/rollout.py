@@ -12,6 +12,7 @@ recorded in `env_failure`; trainers drop such episodes from their groups).
 import time
 
 from envs.alfworld import INVALID_PENALTY, WIN_REWARD
+from envs.backends import sample_seed
 from prompts import action_to_execute, build_agent_prompt, chat_prompt, extract_task, parse_action
 
 
@@ -77,7 +78,9 @@ def play_episodes(specs, pool, policy, tokenizer, *, max_steps=30, history=5, ma
         # ---- generate
         t0 = time.perf_counter()
         gens = policy.generate([ids for _, ids, _ in prompts], max_new_tokens=max_new_tokens,
-                               temperature=temperature, contexts=[episodes[i] for i in ready])
+                               temperature=temperature, contexts=[episodes[i] for i in ready],
+                               seeds=[sample_seed(episodes[i].get("seed", 0), episodes[i].get("uid", i), t)
+                                      for i in ready])
         timings["generate"] += time.perf_counter() - t0
         # ---- parse
         t0 = time.perf_counter()
