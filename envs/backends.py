@@ -201,7 +201,7 @@ class VLLMBackend:
     driver worker's `model_runner.model.load_weights` are the same in both."""
 
     def __init__(self, model_path, tokenizer, *, max_model_len, gpu_memory_utilization=0.35, seed=0,
-                 enable_sleep_mode=True, dtype="bfloat16"):
+                 enable_sleep_mode=True, dtype="bfloat16", tensor_parallel_size=1):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         from vllm import LLM
         import torch.distributed as dist
@@ -212,7 +212,7 @@ class VLLMBackend:
         self.llm = LLM(model=model_path, tokenizer=getattr(tokenizer, "name_or_path", None) or model_path,
                        dtype=dtype, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                        enable_sleep_mode=enable_sleep_mode, enable_prefix_caching=True, seed=seed,
-                       tensor_parallel_size=1, **kw)
+                       tensor_parallel_size=tensor_parallel_size, **kw)  # >1: evaluate.py --tp, no torchrun
         self.sleeping = False
 
     def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None):
@@ -281,5 +281,32 @@ class ExpertPolicy:
             text = (f"<think>Following the expert plan: step {t + 1} of {len(plan)} is '{action}'.</think>\n"
                     f"<action>{action}</action>")
             ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.eos]
+            out.append(Generation(ids, text, "stop", None))
+        return out
+
+
+class ScriptedAnalyzer:
+    """A rule-based stand-in for the analyzer (CPU demos and tests, where a tiny random model cannot write
+    JSON): answers the analysis prompt with a JSON skill derived from the episode itself. Success -> the
+    action sequence that worked; failure -> an avoidance rule naming the mistakes seen. Its answers go
+    through the same parser as a model's. contexts[i] is the episode record."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+
+    def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None, seeds=None):
+        out = []
+        for ep in contexts:
+            acts = [s["action"] for s in ep["steps"] if s["valid"]]
+            if ep["success"]:
+                skill = "Follow this order of actions: " + ", then ".join(acts) + "."
+                summary = f"The agent completed the task in {ep['length']} steps."
+            else:
+                bad = sorted({s["invalid_reason"] for s in ep["steps"] if not s["valid"]})
+                skill = ("Always reason inside <think> </think> tags, then give exactly one admissible action "
+                         "inside <action> </action> tags; never repeat an action that changed nothing.")
+                summary = f"The agent failed after {ep['length']} steps; invalid steps: {', '.join(bad) or 'none'}."
+            text = json.dumps({"episode_summary": summary, "episode_skill": skill})
+            ids = self.tok(text, add_special_tokens=False)["input_ids"]
             out.append(Generation(ids, text, "stop", None))
         return out

@@ -79,8 +79,10 @@ def _token_logprobs(self, input_ids, targets, select, attention_mask=None, posit
     recomputed in backward (checkpoint), so at most one [chunk, vocab] fp32 block is alive at a time
     instead of [B*T, vocab] (8 x 1,536 tokens x 151,936 x 4 bytes = 7.5 GB).
     """
-    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                        position_ids=position_ids).last_hidden_state  # [B, T, H]
+    # use_cache=False explicitly: save_hf_checkpoint sets config.use_cache=True (for inference), which would
+    # otherwise make every later training forward build a KV cache
+    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        use_cache=False).last_hidden_state  # [B, T, H]
     idx = select.reshape(-1).nonzero()[:, 0]  # [N] selected flat positions
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)  # [N, H]
     tgt = targets.reshape(-1).index_select(0, idx)  # [N]
@@ -96,12 +98,13 @@ def _token_logprobs(self, input_ids, targets, select, attention_mask=None, posit
     return torch.zeros(input_ids.shape, dtype=torch.float32, device=lp.device).masked_scatter(select, lp)
 
 
-def full_params(model):
+def full_params(model, dtype=None):
     """Yield (HF name, full tensor) per parameter, in the same order on every rank (each is an all-gather
-    collective). Never holds more than one full parameter at a time."""
+    collective). Never holds more than one full parameter at a time. dtype: cast the shard before the
+    gather (bf16 halves the traffic of a weight sync)."""
     for name, p in model.named_parameters():
-        full = p.full_tensor() if isinstance(p, DTensor) else p
-        yield clean_param_name(name), full.detach()
+        p = p.detach() if dtype is None else p.detach().to(dtype)
+        yield clean_param_name(name), p.full_tensor() if isinstance(p, DTensor) else p
 
 
 # ----------------------------------------------------------------------------------------------------

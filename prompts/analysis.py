@@ -74,7 +74,9 @@ def build_analysis_prompt(episode, *, max_chars=ANALYSIS_MAX_CHARS, reminder=Non
 
 
 _FENCE_RE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
-_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+# Only a LEADING reasoning block is dropped (a skill may itself mention <think> tags). Anchored at the
+# start, the scan is linear (unanchored, ".*?" over a long run of unclosed "<think>" is quadratic).
+_THINK_RE = re.compile(r"^\s*<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 
 
 def _json_objects(text):
@@ -87,7 +89,7 @@ def _json_objects(text):
             return out
         try:
             obj, end = dec.raw_decode(text, i)
-        except ValueError:
+        except (ValueError, RecursionError):  # deep nesting ('{"a": [[[[...') raises RecursionError
             i += 1
             continue
         if isinstance(obj, dict):

@@ -1,0 +1,514 @@
+"""Stage 2 of SEED: self-evolving on-policy distillation (OPD) + GRPO + KL, FSDP2 over N GPUs, vLLM co-located.
+
+One policy update (SPEC.md, Stage 2) is the story of `main()` below:
+  1. rollout     sync the latest weights into the generation engine; play tasks x group episodes with the
+                 plain prompt (each rank plays its share of the groups)
+  2. analysis    the same engine, same weights, writes one hindsight skill per episode (greedy)
+  3. scoring     no grad, pre-update weights: old log-probs of the sampled response tokens under the plain
+                 prompt, teacher log-probs of the SAME tokens under the skill prompt, reference log-probs
+  4. advantages  GRPO per group of episodes, broadcast to every response token of every step
+  5. update      PPO-clip + opd_coef x sigmoid-gated OPD + kl_coef x k3 KL, token-mean, AdamW
+  6. log, save   metrics JSONL, plain-vs-skill example dumps, checkpoints
+Skills exist only here, at training time: the trained policy is deployed with the plain prompt.
+
+    # 8 GPUs, one node: FSDP2 over 8 ranks, one vLLM engine per rank on the same GPU (sleeps while training)
+    torchrun --nproc_per_node 8 seed_rl.py --env alfworld --model runs/sft/final --out runs/seed
+    # 1 GPU
+    python seed_rl.py --env alfworld --model runs/sft/final --out runs/seed
+    # baselines: GRPO (no analysis, no teacher pass) / without SFT / static analyzer
+    torchrun --nproc_per_node 8 seed_rl.py --model runs/sft/final --opd-coef 0 --out runs/grpo
+    torchrun --nproc_per_node 8 seed_rl.py --model Qwen/Qwen2.5-3B-Instruct --out runs/seed_nosft
+    torchrun --nproc_per_node 8 seed_rl.py --model runs/sft/final --analyzer-model runs/sft/final --out runs/seed_static
+    # CPU demo: a tiny random Qwen2 (real tokenizer, real ALFWorld); a random model writes no JSON, so a
+    # rule-based analyzer stands in for the self-analysis (--analyzer-model scripted)
+    python seed_rl.py --env alfworld --model tiny --updates 2 --tasks-per-update 2 --group-size 4 \\
+        --max-steps 4 --max-new-tokens 24 --analyzer-model scripted --out runs/demo/seed
+    python -m torch.distributed.run --nproc_per_node 2 seed_rl.py ...same flags...   # 2 processes, gloo
+
+Where this follows the paper's public code rather than its Algorithm 1 (SPEC.md): the teacher is scored
+once, with the pre-update weights (Algorithm 1 re-scores it with the trainable policy; both agree at the
+first mini-batch).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import time
+
+import torch
+import torch.distributed as dist
+
+from envs.alfworld import TASK_TYPES, TYPE_ORDER, rl_task_stream
+from envs.backends import (HFBackend, ScriptedAnalyzer, VLLMBackend, attn_implementation, load_model,
+                           load_tokenizer)
+from envs.pool import EnvPool
+from envs.records import append_jsonl, args_diff, open_jsonl_for_append, read_jsonl, run_manifest, write_manifest
+from envs.rollout import play_episodes, step_prompt
+from envs.training import (full_params, gather_response, init_distributed, make_batch, print0, response_select,
+                           save_hf_checkpoint, shard_model)
+from prompts import build_analysis_prompt, chat_prompt, parse_analysis
+
+# The paper's settings (SPEC.md Stage 2, Table 5); argparse defaults equal these.
+PAPER = dict(env="alfworld", updates=150, tasks_per_update=16, group_size=8, max_steps=30, history=5,
+             max_prompt_tokens=2048, max_new_tokens=512, temperature=1.0, analysis_max_new_tokens=4096,
+             analysis_max_len=16384, lr=1e-6, mini_batch=256, micro_batch=32, clip_eps=0.2, grad_clip=1.0,
+             kl_coef=0.01, opd_coef=0.01, opd_beta=5.0, adv_mode="episode", analyzer_model=None)
+
+
+# ====================================================================================================
+# The algorithm. Everything else in this file is plumbing around these two functions.
+
+def grpo_advantages(returns, groups, lengths=None, eps=1e-6):
+    """GRPO: A_i = (R_i - mean_group(R)) / (std_group(R) + eps) over the episodes of the same task.
+
+    returns, groups: one entry per episode. lengths=None: statistics over the group's episodes (the paper);
+    lengths given: over the group's flattened step samples, each episode's return counted once per step
+    (the public code's choice, `--adv-mode steps`). std is the unbiased one (as verl). A group of one, or
+    one whose returns are all equal, carries no ranking signal: A = 0 (no policy gradient).
+    """
+    adv = [0.0] * len(returns)
+    for g in sorted(set(groups)):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        r = torch.tensor([returns[i] for i in idx], dtype=torch.float64)
+        pop = r if lengths is None else r.repeat_interleave(torch.tensor([lengths[i] for i in idx]))
+        if len(pop) < 2 or bool((pop == pop[0]).all()):
+            continue
+        mean, std = pop.mean(), pop.std()
+        for i, ri in zip(idx, r):
+            adv[i] = float((ri - mean) / (std + eps))
+    return adv
+
+
+def seed_loss(lp, old_lp, ref_lp, teacher_lp, adv, mask, teacher_mask, n_tokens, n_teacher_tokens, *,
+              clip_eps=0.2, kl_coef=0.01, opd_coef=0.01, beta=5.0):
+    """SEED's loss on one micro-batch. Every tensor is per token, same shape (e.g. [rows, T]); mask is 1 on
+    response tokens (0 on prompt and padding), teacher_mask 1 where the episode has a parsed skill.
+    n_tokens, n_teacher_tokens: token counts of the whole mini-batch over all ranks, so that summing the
+    micro-batch losses gives the token-mean over the mini-batch. Returns (loss, sums for logging)."""
+    m, mt = mask, mask * teacher_mask
+    # policy: PPO clip, ratio = exp(lp - old_lp); L_pg = -min(ratio * A, clip(ratio, 1 -+ eps) * A)
+    ratio = torch.exp(lp - old_lp)
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_eps, 1 + clip_eps))
+    # KL to the reference, k3 ("low-var") estimator: d = ref_lp - lp; kl = exp(d) - d - 1
+    d = (ref_lp - lp).clamp(-20, 20)
+    kl = (torch.exp(d) - d - 1).clamp(-10, 10)
+    # OPD, sigmoid-gated: the gate is a constant weight (gap uses lp.detach()), so the gradient of
+    # g * (teacher_lp - lp) is -g * grad(lp): tokens the skill endorses (gap > 0, g > 0.5) are pushed up;
+    # tokens it rejects get a weight near 0, never a negative one.
+    gap = teacher_lp - lp.detach()
+    gate = torch.sigmoid(beta * gap)
+    opd = gate * (teacher_lp - lp)
+    loss = ((pg + kl_coef * kl) * m).sum() / max(n_tokens, 1) + opd_coef * (opd * mt).sum() / max(n_teacher_tokens, 1)
+    with torch.no_grad():
+        sums = {"pg": (pg * m).sum(), "kl": (kl * m).sum(), "opd": (opd * mt).sum(), "gate": (gate * mt).sum(),
+                "gate_active": ((gate > 0.5).float() * mt).sum(), "gap": (gap * mt).sum(),
+                "clipped": (((ratio - 1).abs() > clip_eps).float() * m).sum(), "ratio": (ratio * m).sum()}
+    return loss, sums
+
+
+# ====================================================================================================
+# Plumbing: micro-batches that line up across ranks, scoring, engine sync
+
+def split_even(items, n):
+    """n contiguous, nearly equal parts (some may be empty)."""
+    k, r = divmod(len(items), n)
+    out, i = [], 0
+    for j in range(n):
+        out.append(items[i:i + k + (j < r)])
+        i += k + (j < r)
+    return out
+
+
+def agreed_max(x, device):
+    """The max of x over all ranks: every rank must run the same number of FSDP forwards."""
+    t = torch.tensor([x], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def global_sum(values, device):
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+DUMMY = ([0, 0], 1, 1)  # (ids, prompt_len, response_len): a 2-token stand-in for an empty micro-batch
+
+
+def micro_batch_logprobs(model, seqs, device, packed, chunk_size=1024):
+    """seqs: [(ids, prompt_len, response_len)]. Returns (lp [rows, T], batch, select); lp holds the log-prob
+    of each response token at the position that predicts it, 0 elsewhere."""
+    batch = make_batch([s[0] for s in seqs], device, packed=packed)
+    sel = response_select(batch, [(p, r) for _, p, r in seqs])
+    lp = model.token_logprobs(batch["input_ids"], batch["targets"], sel, attention_mask=batch.get("attention_mask"),
+                              position_ids=batch.get("position_ids"), chunk_size=chunk_size)
+    return lp, batch, sel
+
+
+@torch.no_grad()
+def score(model, seqs, micro_batch, device, packed):
+    """Response-token log-probs of every sequence (list of 1-D CPU tensors), micro-batched with the same
+    number of forwards on every rank (empty parts run a dummy)."""
+    n_micro = agreed_max(math.ceil(len(seqs) / micro_batch), device)
+    out = []
+    for part in split_even(seqs, max(n_micro, 1)):
+        lp, batch, _ = micro_batch_logprobs(model, part or [DUMMY], device, packed)
+        if part:
+            out += [x.float().cpu() for x in gather_response(lp, batch, [(p, r) for _, p, r in part])]
+    return out
+
+
+def dense(values, sel, dtype=torch.float32):
+    """Per-sequence response values (list of 1-D tensors) -> the [rows, T] layout of `sel`, 0 elsewhere."""
+    flat = torch.cat(values).to(sel.device, dtype) if values else torch.zeros(0, device=sel.device)
+    return torch.zeros(sel.shape, dtype=dtype, device=sel.device).masked_scatter(sel, flat)
+
+
+def sync_engine(engine, policy, dtype):
+    """Push the latest weights into the generation engine parameter by parameter (each `full_tensor()` is an
+    all-gather, in the same order on all ranks); never a full state dict on one GPU."""
+    engine.wake_up(tags=["weights"])
+    engine.load_weights(full_params(policy, dtype))
+    engine.wake_up(tags=["kv_cache"])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default=PAPER["env"], choices=["alfworld"])
+    p.add_argument("--model", required=True, help="the SFT checkpoint (HF folder or hub id) | tiny")
+    p.add_argument("--ref-model", default=None, help="frozen KL reference (default: the starting --model)")
+    p.add_argument("--analyzer-model", default=PAPER["analyzer_model"],
+                   help="default: the evolving policy itself (SEED). A path: a fixed analyzer (static-analyzer "
+                        "ablation). 'scripted': a rule-based stand-in for CPU demos")
+    p.add_argument("--backend", default=None, choices=["vllm", "hf"], help="default: vllm if installed and on GPU")
+    p.add_argument("--updates", type=int, default=PAPER["updates"])
+    p.add_argument("--tasks-per-update", type=int, default=PAPER["tasks_per_update"])
+    p.add_argument("--group-size", type=int, default=PAPER["group_size"])
+    p.add_argument("--max-steps", type=int, default=PAPER["max_steps"])
+    p.add_argument("--history", type=int, default=PAPER["history"])
+    p.add_argument("--max-prompt-tokens", type=int, default=PAPER["max_prompt_tokens"])
+    p.add_argument("--max-new-tokens", type=int, default=PAPER["max_new_tokens"])
+    p.add_argument("--temperature", type=float, default=PAPER["temperature"])
+    p.add_argument("--analysis-max-new-tokens", type=int, default=PAPER["analysis_max_new_tokens"])
+    p.add_argument("--analysis-max-len", type=int, default=PAPER["analysis_max_len"])
+    p.add_argument("--lr", type=float, default=PAPER["lr"])
+    p.add_argument("--mini-batch", type=int, default=PAPER["mini_batch"], help="step samples per optimizer step (all ranks)")
+    p.add_argument("--micro-batch", type=int, default=PAPER["micro_batch"], help="step samples per forward (per rank)")
+    p.add_argument("--clip-eps", type=float, default=PAPER["clip_eps"])
+    p.add_argument("--grad-clip", type=float, default=PAPER["grad_clip"])
+    p.add_argument("--kl-coef", type=float, default=PAPER["kl_coef"])
+    p.add_argument("--opd-coef", type=float, default=PAPER["opd_coef"], help="0 = plain GRPO (no analysis, no teacher pass)")
+    p.add_argument("--opd-beta", type=float, default=PAPER["opd_beta"])
+    p.add_argument("--adv-mode", default=PAPER["adv_mode"], choices=["episode", "steps"])
+    p.add_argument("--invalid-fallback", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=None, help="env worker processes per rank")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.4, help="vLLM's share of each GPU")
+    p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument("--save-every", type=int, default=10, help="trainer checkpoint + HF checkpoint every N updates")
+    p.add_argument("--dump-examples", type=int, default=4, help="plain-vs-skill examples dumped per update")
+    p.add_argument("--out", default="runs/seed")
+    args = p.parse_args()
+
+    # ------------------------------------------------------------------------------------------------
+    # Setup: process group, models (policy + reference sharded with FSDP2), engine, env pool
+    rank, world, device = init_distributed()
+    on_gpu = device.type == "cuda"
+    if args.backend is None:
+        try:
+            import vllm  # noqa: F401
+            args.backend = "vllm" if on_gpu else "hf"
+        except ImportError:
+            args.backend = "hf"
+    args.ref_model = args.ref_model or args.model
+    use_opd = args.opd_coef > 0
+    packed = attn_implementation(device) == "flash_attention_2"  # padding-free micro-batches need FA2
+    os.makedirs(args.out, exist_ok=True)
+    print0(f"seed_rl: world {world}, device {device.type}, backend {args.backend}, "
+           f"{'packed (flash-attn 2)' if packed else 'padded (SDPA)'} micro-batches")
+    print0("config: " + json.dumps(vars(args)))
+    print0("differs from the paper: " + json.dumps(args_diff(args, PAPER)))
+    if args.temperature != 1.0:
+        print0("warning: the trainer scores at temperature 1; with --temperature != 1 the PPO ratio is off-policy")
+
+    tokenizer = load_tokenizer(args.model)
+    policy = shard_model(load_model(args.model, device=device, seed=args.seed), device,
+                         activation_checkpointing=args.activation_checkpointing)
+    ref = None
+    if args.kl_coef > 0:
+        ref = shard_model(load_model(args.ref_model, device=device, seed=args.seed,
+                                     dtype=torch.bfloat16 if on_gpu else torch.float32), device, train=False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.01)
+    sync_dtype = torch.bfloat16 if on_gpu else torch.float32
+
+    if args.backend == "vllm":
+        if args.model == "tiny":
+            raise SystemExit("--backend vllm needs a model folder (save the tiny model with sft.py first)")
+        engine = VLLMBackend(args.model, tokenizer, max_model_len=max(args.analysis_max_len,
+                             args.max_prompt_tokens + args.max_new_tokens), seed=args.seed,
+                             gpu_memory_utilization=args.gpu_memory_utilization)
+        engine.sleep()
+    else:  # an unsharded copy for HF generate, refreshed by the same per-parameter sync as vLLM
+        engine = HFBackend(load_model(args.model, device=device, seed=args.seed,
+                                      dtype=torch.bfloat16 if on_gpu else torch.float32), tokenizer, want_logprobs=True)
+    analyzer = engine  # SEED: the evolving policy analyzes its own episodes
+    if args.analyzer_model == "scripted":
+        analyzer = ScriptedAnalyzer(tokenizer)
+    elif args.analyzer_model:  # static analyzer ablation: fixed weights, never synced
+        analyzer = VLLMBackend(args.analyzer_model, load_tokenizer(args.analyzer_model), max_model_len=args.analysis_max_len,
+                               seed=args.seed, gpu_memory_utilization=args.gpu_memory_utilization) \
+            if args.backend == "vllm" else HFBackend(load_model(args.analyzer_model, device=device), load_tokenizer(args.analyzer_model))
+    stream = rl_task_stream(args.seed, args.tasks_per_update, args.updates)
+    my_groups = list(range(rank, args.tasks_per_update, world))  # each rank plays its share of the groups
+    n_workers = args.workers or max(1, min(len(my_groups) * args.group_size, (os.cpu_count() or 2) // world))
+    pool = EnvPool("envs.alfworld:make_alfworld_game", num_workers=n_workers)
+
+    # ------------------------------------------------------------------------------------------------
+    # Resume: weights + optimizer (torch.distributed.checkpoint), update index = task cursor. The RNG needs
+    # no saving: every update reseeds from (seed, update, rank) and samples are seeded per (episode, step).
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    ckpt_dir, metrics_path = os.path.join(args.out, "checkpoint"), os.path.join(args.out, "metrics.jsonl")
+    start = 0
+    if os.path.isfile(os.path.join(ckpt_dir, "state.json")):
+        state = json.load(open(os.path.join(ckpt_dir, "state.json")))
+        msd, osd = get_state_dict(policy, optimizer)
+        sd = {"model": msd, "optim": osd}
+        dcp.load(sd, checkpoint_id=ckpt_dir)
+        set_state_dict(policy, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        start = state["update"]
+        if rank == 0:  # metrics past the checkpoint will be recomputed: keep exactly one line per update
+            rows = [r for r in read_jsonl(metrics_path) if r["update"] <= start]
+            if not any(r["update"] == start for r in rows) and state.get("metrics"):
+                rows.append(state["metrics"])
+            with open(metrics_path + ".tmp", "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            os.replace(metrics_path + ".tmp", metrics_path)
+        print0(f"resumed from {ckpt_dir} after update {start}")
+    if rank == 0:
+        write_manifest(os.path.join(args.out, "seed_manifest.json"),
+                       run_manifest("seed_rl.py", args, paper=PAPER, model=args.model, ref_model=args.ref_model,
+                                    tokenizer=tokenizer, split="train", games=stream, seeds={"seed": args.seed},
+                                    extra={"world_size": world}))
+    metrics_f = open_jsonl_for_append(metrics_path) if rank == 0 else None
+    examples_f = open_jsonl_for_append(os.path.join(args.out, "examples.jsonl")) if rank == 0 else None
+
+    for update in range(start, args.updates):
+        t_update, tm = time.perf_counter(), {}
+        torch.manual_seed(args.seed * 1_000_003 + update * 1009 + rank)
+
+        # -------------------------------------------------------------------------------------------
+        # 1. Rollout: the latest weights into the engine, then this rank's groups with the plain prompt
+        t0 = time.perf_counter()
+        sync_engine(engine, policy, sync_dtype)
+        tm["sync"] = time.perf_counter() - t0
+        tasks = stream[update * args.tasks_per_update:(update + 1) * args.tasks_per_update]
+        specs = [dict(tasks[g], uid=f"u{update}/g{g}/r{r}", group=g, rollout=r, seed=args.seed, update=update)
+                 for g in my_groups for r in range(args.group_size)]
+        episodes, rt = play_episodes(specs, pool, engine, tokenizer, max_steps=args.max_steps, history=args.history,
+                                     max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
+                                     temperature=args.temperature, invalid_fallback=args.invalid_fallback)
+        tm["generate"], tm["env"] = rt["generate"], rt["reset"] + rt["env"] + rt["parse"]
+        for ep in episodes:  # an env failure leaves its group instead of poisoning the advantages
+            if ep["env_failure"]:
+                print(f"[rank {rank}] env failure: episode {ep['uid']} dropped from its group ({ep['env_failure']})")
+        episodes = [ep for ep in episodes if not ep["env_failure"]]
+
+        # -------------------------------------------------------------------------------------------
+        # 2. Self-analysis: the same engine (same weights) writes one skill per episode, greedy.
+        #    Unparsable -> no teacher signal for that episode (teacher mask 0); it still trains with GRPO.
+        t0 = time.perf_counter()
+        skills = [None] * len(episodes)
+        if use_opd and episodes:
+            prompts = [chat_prompt(tokenizer, build_analysis_prompt(ep))[1] for ep in episodes]
+            fits = [i for i, pr in enumerate(prompts) if len(pr) + args.analysis_max_new_tokens <= args.analysis_max_len]
+            answers = analyzer.generate([prompts[i] for i in fits], max_new_tokens=args.analysis_max_new_tokens,
+                                        temperature=0.0, contexts=[episodes[i] for i in fits])
+            for i, a in zip(fits, answers):
+                rec, _ = parse_analysis(a.text)
+                skills[i] = rec["episode_skill"] if rec else None
+        engine.sleep()  # frees the engine's GPU memory for scoring and training
+        tm["analysis"] = time.perf_counter() - t0
+
+        # -------------------------------------------------------------------------------------------
+        # 3. Dual-context scoring with the pre-update weights, no grad. The teacher prompt is the plain one
+        #    with the skill block inserted; the response token ids are the very same list in both.
+        t0 = time.perf_counter()
+        samples = []  # one per (episode, step): the unit of GRPO/PPO in this multi-turn setting
+        for e, ep in enumerate(episodes):
+            for t, st in enumerate(ep["steps"]):
+                if not st["response_ids"]:
+                    continue
+                s = dict(ep=e, group=ep["group"], rollout=ep["rollout"], step=t, prompt_ids=st["prompt_ids"],
+                         response_ids=st["response_ids"], engine_lp=st["response_logprobs"],
+                         teacher_mask=float(skills[e] is not None))
+                if skills[e] is not None:
+                    s["teacher_ids"] = chat_prompt(tokenizer, step_prompt(ep, t, st["history_used"], skills[e]))[1]
+                samples.append(s)
+        plain = [(s["prompt_ids"] + s["response_ids"], len(s["prompt_ids"]), len(s["response_ids"])) for s in samples]
+        teach = [(s["teacher_ids"] + s["response_ids"], len(s["teacher_ids"]), len(s["response_ids"]))
+                 for s in samples if "teacher_ids" in s]
+        lps = score(policy, plain + teach, args.micro_batch, device, packed)  # one batched pass, both contexts
+        old, tlp = lps[:len(plain)], iter(lps[len(plain):])
+        refs = score(ref, plain, args.micro_batch, device, packed) if ref is not None else old
+        for s, o, r in zip(samples, old, refs):
+            s["old_lp"], s["ref_lp"] = o, r
+            s["teacher_lp"] = next(tlp) if "teacher_ids" in s else o  # masked out when there is no skill
+        tm["scoring"] = time.perf_counter() - t0
+
+        # -------------------------------------------------------------------------------------------
+        # 4. Advantages: GRPO over the (surviving) episodes of each group, broadcast to every token
+        rets, grps, lens = [ep["return"] for ep in episodes], [ep["group"] for ep in episodes], [len(ep["steps"]) for ep in episodes]
+        adv = grpo_advantages(rets, grps, lens if args.adv_mode == "steps" else None)
+        for s in samples:
+            s["adv"] = adv[s["ep"]]
+
+        # -------------------------------------------------------------------------------------------
+        # 5. Update: one pass over the update's step samples in mini-batches of `mini_batch` (all ranks),
+        #    micro-batches of `micro_batch` (gradient accumulation). Mini-batches are drawn from one seeded
+        #    permutation of a global sample order (group, rollout, step), identical on every world size.
+        t0 = time.perf_counter()
+        counts = [0.0] * args.tasks_per_update
+        for s in samples:
+            counts[s["group"]] += 1
+        counts = [int(c) for c in global_sum(counts, device)]
+        offset = [sum(counts[:g]) for g in range(len(counts))]
+        samples.sort(key=lambda s: (s["group"], s["rollout"], s["step"]))
+        seen = {}
+        for s in samples:
+            s["gid"] = offset[s["group"]] + seen.get(s["group"], 0)
+            seen[s["group"]] = seen.get(s["group"], 0) + 1
+        n_global = sum(counts)
+        perm = torch.randperm(n_global, generator=torch.Generator().manual_seed(args.seed * 7919 + update)).tolist()
+        pos = {gid: i for i, gid in enumerate(perm)}
+        by_gid = {s["gid"]: s for s in samples}
+        n_mini = max(1, math.ceil(n_global / args.mini_batch))
+        totals = dict.fromkeys(["pg", "kl", "opd", "gate", "gate_active", "gap", "clipped", "ratio", "tokens", "teacher_tokens"], 0.0)
+        steps_done = skipped = 0
+        grad_norms = []
+        policy.train()
+        for i in range(n_mini):
+            part = sorted((by_gid[g] for g in perm[i * args.mini_batch:(i + 1) * args.mini_batch] if g in by_gid),
+                          key=lambda s: pos[s["gid"]])
+            n_tok, n_teach = global_sum([sum(len(s["response_ids"]) for s in part),
+                                         sum(len(s["response_ids"]) * s["teacher_mask"] for s in part)], device)
+            n_micro = agreed_max(math.ceil(len(part) / args.micro_batch), device)
+            for micro in split_even(part, max(n_micro, 1)):
+                seqs = [(s["prompt_ids"] + s["response_ids"], len(s["prompt_ids"]), len(s["response_ids"])) for s in micro]
+                lp, batch, sel = micro_batch_logprobs(policy, seqs or [DUMMY], device, packed)
+                mask = sel.float() if micro else torch.zeros_like(sel, dtype=torch.float32)
+                per_tok = lambda key: dense([s[key] for s in micro], sel) if micro else torch.zeros_like(mask)
+                adv_t = dense([torch.full((len(s["response_ids"]),), s["adv"]) for s in micro], sel) if micro else mask
+                tmask = dense([torch.full((len(s["response_ids"]),), s["teacher_mask"]) for s in micro], sel) if micro else mask
+                loss, sums = seed_loss(lp, per_tok("old_lp"), per_tok("ref_lp"), per_tok("teacher_lp"), adv_t, mask,
+                                       tmask, n_tok, n_teach, clip_eps=args.clip_eps, kl_coef=args.kl_coef,
+                                       opd_coef=args.opd_coef, beta=args.opd_beta)
+                # FSDP averages gradients over ranks; this rank's loss is already its share of the global
+                # token-mean, so undo the average by scaling with the world size.
+                (loss * world).backward()
+                for k, v in sums.items():
+                    totals[k] += float(v)
+            totals["tokens"] += n_tok / world  # every rank adds it; summed over ranks below
+            totals["teacher_tokens"] += n_teach / world
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
+            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            if math.isfinite(grad_norm):  # the norm is global, so every rank takes the same branch
+                optimizer.step()
+                steps_done += 1
+                grad_norms.append(grad_norm)
+            else:
+                print0(f"error: update {update + 1} mini-batch {i}: non-finite loss/gradient, step skipped")
+                skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+        tm["train"] = time.perf_counter() - t0
+
+        # -------------------------------------------------------------------------------------------
+        # 6. Log and save
+        keys = list(totals)
+        totals = dict(zip(keys, global_sum([totals[k] for k in keys], device)))
+        eng = [(a - b) for s in samples if s["engine_lp"] is not None
+               for a, b in zip(s["engine_lp"], s["old_lp"].tolist())]
+        light = [dict(type=TASK_TYPES.get(ep["task_type"], ep["task_type"]), success=ep["success"], length=ep["length"],
+                      ret=ep["return"], invalid=sum(not s["valid"] for s in ep["steps"]), steps=len(ep["steps"]),
+                      truncated=ep["truncated_responses"], skill=skills[e] is not None)
+                 for e, ep in enumerate(episodes)]
+        gathered = [None] * world
+        dist.all_gather_object(gathered, dict(eps=light, fails=len(specs) - len(episodes),
+                                              eng=[abs(x) for x in eng], n_eng=len(eng)))
+        tm["update"] = time.perf_counter() - t_update
+        if rank == 0:
+            eps = [x for g in gathered for x in g["eps"]]
+            eng_diff = [x for g in gathered for x in g["eng"]]
+            n_steps = sum(x["steps"] for x in eps) or 1
+            tok, ttok = totals["tokens"] or 1, totals["teacher_tokens"]
+            mean = lambda xs: sum(xs) / len(xs) if xs else None
+            metrics = {"update": update + 1, "time": time.time(), "rollout/episodes": len(eps),
+                       "rollout/env_failures": sum(g["fails"] for g in gathered),
+                       "rollout/success_rate": mean([x["success"] for x in eps]),
+                       **{f"rollout/success/{t}": mean([x["success"] for x in eps if x["type"] == t]) for t in TYPE_ORDER},
+                       "rollout/return_mean": mean([x["ret"] for x in eps]),
+                       "rollout/episode_length": mean([x["length"] for x in eps]),
+                       "rollout/invalid_rate": sum(x["invalid"] for x in eps) / n_steps,
+                       "rollout/truncated_rate": sum(x["truncated"] for x in eps) / n_steps,
+                       "skill/parse_rate": mean([x["skill"] for x in eps]) if use_opd else None,
+                       "opd/teacher_coverage": ttok / tok if use_opd else None,
+                       "loss/pg": totals["pg"] / tok, "loss/kl": totals["kl"] / tok,
+                       "loss/opd": totals["opd"] / ttok if use_opd and ttok else None,
+                       "opd/gate_mean": totals["gate"] / ttok if use_opd and ttok else None,
+                       "opd/gate_active_ratio": totals["gate_active"] / ttok if use_opd and ttok else None,
+                       "opd/teacher_gap_mean": totals["gap"] / ttok if use_opd and ttok else None,
+                       "pg/clipfrac": totals["clipped"] / tok, "pg/ratio_mean": totals["ratio"] / tok,
+                       "grad_norm": mean(grad_norms), "tokens/response": int(totals["tokens"]),
+                       "train/optimizer_steps": steps_done, "train/skipped_steps": skipped,
+                       "check/engine_lp_absdiff_mean": mean(eng_diff), "check/engine_lp_absdiff_max": max(eng_diff, default=None),
+                       **{f"time/{k}": v for k, v in tm.items()}}
+            metrics["loss/total"] = metrics["loss/pg"] + args.kl_coef * metrics["loss/kl"] + \
+                args.opd_coef * (metrics["loss/opd"] or 0.0)
+            print0(f"update {update + 1}/{args.updates} | success {metrics['rollout/success_rate']:.3f} "
+                   f"len {metrics['rollout/episode_length']:.1f} | pg {metrics['loss/pg']:.4f} kl {metrics['loss/kl']:.5f} "
+                   f"opd {metrics['loss/opd'] if metrics['loss/opd'] is None else round(metrics['loss/opd'], 4)} "
+                   f"gate {metrics['opd/gate_mean'] if metrics['opd/gate_mean'] is None else round(metrics['opd/gate_mean'], 3)} "
+                   f"cover {metrics['opd/teacher_coverage']} | {tm['update']:.1f}s")
+            # plain vs skill scores of the same sampled actions, so a reader can *see* the signal
+            for s in [s for s in samples if s["teacher_mask"]][:args.dump_examples]:
+                toks = [tokenizer.decode([t]) for t in s["response_ids"]]
+                ep = episodes[s["ep"]]
+                append_jsonl(examples_f, {"update": update + 1, "uid": ep["uid"], "step": s["step"] + 1,
+                                          "skill": skills[s["ep"]], "action": ep["steps"][s["step"]]["action"],
+                                          "tokens": toks, "plain_lp": s["old_lp"].tolist(),
+                                          "teacher_lp": s["teacher_lp"].tolist(),
+                                          "gap": (s["teacher_lp"] - s["old_lp"]).tolist()})
+        if (update + 1) % args.save_every == 0 or update + 1 == args.updates:
+            save_checkpoint(policy, optimizer, tokenizer, args, update + 1, metrics if rank == 0 else None, rank)
+        if rank == 0:
+            append_jsonl(metrics_f, metrics)
+    pool.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def save_checkpoint(policy, optimizer, tokenizer, args, update, metrics, rank):
+    """Trainer state (sharded, torch.distributed.checkpoint; written to a temp dir and renamed, so a kill
+    never leaves a half checkpoint) and a Hugging Face folder of the policy."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    ckpt, tmp = os.path.join(args.out, "checkpoint"), os.path.join(args.out, "checkpoint.tmp")
+    if rank == 0 and os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    dist.barrier()
+    msd, osd = get_state_dict(policy, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp)
+    if rank == 0:
+        with open(os.path.join(tmp, "state.json"), "w") as f:
+            json.dump({"update": update, "metrics": metrics}, f)
+        if os.path.exists(ckpt):
+            shutil.rmtree(ckpt)
+        os.replace(tmp, ckpt)
+    dist.barrier()
+    name = "final" if update == args.updates else f"update_{update:04d}"
+    save_hf_checkpoint(policy, tokenizer, os.path.join(args.out, "hf", name), rank)
+
+
+if __name__ == "__main__":
+    main()
