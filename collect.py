@@ -66,7 +66,8 @@ manifest_path = args.out + ".manifest.json"
 tokenizer = load_tokenizer(args.model)
 manifest = run_manifest("collect.py", args, paper=PAPER, model=args.model, tokenizer=tokenizer, split=args.split,
                         games=games, seeds={"seed": args.seed})
-KEY = ("env", "model", "split", "tasks_per_type", "rollouts", "seed", "shard", "max_steps", "history", "temperature")
+KEY = ("env", "model", "split", "tasks_per_type", "rollouts", "seed", "shard", "max_steps", "history", "temperature",
+       "max_new_tokens", "max_prompt_tokens", "invalid_fallback")  # everything that shapes an episode record
 if os.path.exists(manifest_path):  # resuming: refuse to mix two different collections in one file
     old = __import__("json").load(open(manifest_path))["args"]
     diff = {k: (old.get(k), getattr(args, k)) for k in KEY if old.get(k) != getattr(args, k)}

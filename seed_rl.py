@@ -168,6 +168,8 @@ def dense(values, sel, dtype=torch.float32):
 def sync_engine(engine, policy, dtype):
     """Push the latest weights into the generation engine parameter by parameter (each `full_tensor()` is an
     all-gather, in the same order on all ranks); never a full state dict on one GPU."""
+    if torch.cuda.is_available():  # give the trainer's cached blocks back first, or the engine cannot
+        torch.cuda.empty_cache()    # re-map its memory (an OOM in vLLM's wake_up, seen on the H200)
     engine.wake_up(tags=["weights"])
     engine.load_weights(full_params(policy, dtype))
     engine.wake_up(tags=["kv_cache"])
@@ -205,7 +207,9 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=None, help="env worker processes per rank")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.4, help="vLLM's share of each GPU")
-    p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                   help="recompute each decoder layer in backward: a micro-batch of 32 x ~2.5k tokens of a 0.5B "
+                        "model holds ~80 GB of activations without it")
     p.add_argument("--save-every", type=int, default=10, help="trainer checkpoint + HF checkpoint every N updates")
     p.add_argument("--dump-examples", type=int, default=4, help="plain-vs-skill examples dumped per update")
     p.add_argument("--out", default="runs/seed")
@@ -306,6 +310,7 @@ def main():
         tasks = stream[update * args.tasks_per_update:(update + 1) * args.tasks_per_update]
         specs = [dict(tasks[g], uid=f"u{update}/g{g}/r{r}", group=g, rollout=r, seed=args.seed, update=update)
                  for g in my_groups for r in range(args.group_size)]
+        mem = {}
         episodes, rt = play_episodes(specs, pool, engine, tokenizer, max_steps=args.max_steps, history=args.history,
                                      max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
                                      temperature=args.temperature, invalid_fallback=args.invalid_fallback)
@@ -328,6 +333,8 @@ def main():
             for i, a in zip(fits, answers):
                 rec, _ = parse_analysis(a.text)
                 skills[i] = rec["episode_skill"] if rec else None
+        if on_gpu:  # device memory with the engine awake (its weights + KV cache) and the trainer resident
+            mem["mem/device_used_gib_engine_awake"] = (lambda f, t: (t - f) / 2 ** 30)(*torch.cuda.mem_get_info())
         engine.sleep()  # frees the engine's GPU memory for scoring and training
         tm["analysis"] = time.perf_counter() - t0
 
@@ -422,6 +429,10 @@ def main():
                 skipped += 1
             optimizer.zero_grad(set_to_none=True)
         tm["train"] = time.perf_counter() - t0
+        if on_gpu:
+            mem["mem/trainer_peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+            mem["mem/device_used_gib_training"] = (lambda f, t: (t - f) / 2 ** 30)(*torch.cuda.mem_get_info())
+            torch.cuda.reset_peak_memory_stats()
 
         # -------------------------------------------------------------------------------------------
         # 6. Log and save
@@ -435,7 +446,7 @@ def main():
                  for e, ep in enumerate(episodes)]
         gathered = [None] * world
         dist.all_gather_object(gathered, dict(eps=light, fails=len(specs) - len(episodes),
-                                              eng=[abs(x) for x in eng], n_eng=len(eng)))
+                                              eng=[abs(x) for x in eng], mem=mem))
         tm["update"] = time.perf_counter() - t_update
         if rank == 0:
             eps = [x for g in gathered for x in g["eps"]]
@@ -462,7 +473,8 @@ def main():
                        "grad_norm": mean(grad_norms), "tokens/response": int(totals["tokens"]),
                        "train/optimizer_steps": steps_done, "train/skipped_steps": skipped,
                        "check/engine_lp_absdiff_mean": mean(eng_diff), "check/engine_lp_absdiff_max": max(eng_diff, default=None),
-                       **{f"time/{k}": v for k, v in tm.items()}}
+                       **{f"time/{k}": v for k, v in tm.items()},
+                       **{k: max(g["mem"][k] for g in gathered) for k in mem}}  # the fullest rank
             metrics["loss/total"] = metrics["loss/pg"] + args.kl_coef * metrics["loss/kl"] + \
                 args.opd_coef * (metrics["loss/opd"] or 0.0)
             print0(f"update {update + 1}/{args.updates} | success {metrics['rollout/success_rate']:.3f} "

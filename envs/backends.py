@@ -117,13 +117,15 @@ class SeededSampler:
     generator, so its sample does not depend on the other rows of the batch."""
 
     def __init__(self, seeds, temperature):
-        self.temperature = temperature
-        self.gens = [torch.Generator().manual_seed(int(s) % (2 ** 63)) for s in seeds]
+        self.seeds, self.temperature, self.gens = [int(s) % (2 ** 63) for s in seeds], temperature, None
 
     def __call__(self, input_ids, scores):
-        u = torch.stack([torch.rand(scores.shape[-1], generator=g, dtype=torch.float64) for g in self.gens])
+        if self.gens is None:  # generators on the logits' device: no host round trip per token on GPU
+            self.gens = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
+        u = torch.stack([torch.rand(scores.shape[-1], generator=g, device=scores.device, dtype=torch.float64)
+                         for g in self.gens])
         gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))  # [B, V]
-        return scores.float() / self.temperature + gumbel.to(scores.device, torch.float32)
+        return scores.float() / self.temperature + gumbel.float()
 
 
 def sample_seed(*parts):
@@ -207,7 +209,12 @@ class VLLMBackend:
         import torch.distributed as dist
         kw = {}
         if dist.is_available() and dist.is_initialized():
-            kw["distributed_executor_backend"] = "external_launcher"
+            kw["distributed_executor_backend"] = "external_launcher"  # vLLM then runs in this process
+        else:
+            # Run the engine core in this process too: otherwise vLLM starts it with multiprocessing `spawn`
+            # (CUDA is initialized by then), which re-runs a top-level script such as collect.py and fails
+            # (seen on the H200 with vLLM 0.24).
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.tok = tokenizer
         self.llm = LLM(model=model_path, tokenizer=getattr(tokenizer, "name_or_path", None) or model_path,
                        dtype=dtype, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,

@@ -13,11 +13,13 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAPER_VERSION = "arXiv 2607.14777 v1"
 PACKAGES = ["torch", "transformers", "vllm", "flash-attn", "accelerate", "alfworld", "textworld", "numpy"]
 
 
@@ -73,13 +75,16 @@ def sha256_text(text):
 
 
 def git_state():
+    """Commit, dirty flag (tracked files only) and, when dirty, the sha256 of `git diff HEAD` so a run made
+    from an uncommitted tree can still be matched to the exact code."""
     def git(*a):
         try:
             return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
     commit = git("rev-parse", "HEAD")
-    return {"commit": commit or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return {"commit": commit or None, "dirty": dirty, "diff_sha256": sha256_text(git("diff", "HEAD")) if dirty else None}
 
 
 def package_versions():
@@ -93,54 +98,125 @@ def package_versions():
     return out
 
 
+def environment_lock():
+    """Everything installed (name==version, sorted) and the sha256 of the project's requirement files: with
+    the commit, enough to rebuild the same software (the reading guide's "dependency lock")."""
+    from importlib import metadata
+    installed = sorted({f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]},
+                       key=str.lower)
+    reqs = {n: sha256_file(os.path.join(REPO, n)) for n in ("requirements.txt", "requirements-gpu.txt")
+            if os.path.isfile(os.path.join(REPO, n))}
+    return {"installed": installed, "requirements_sha256": reqs}
+
+
 def hardware():
-    info = {"python": sys.version.split()[0], "platform": platform.platform(), "cuda": None, "gpus": []}
+    """Python, CUDA and GPUs. GPU names come from nvidia-smi, not torch.cuda: initializing CUDA here would make
+    vLLM start its engine process with `spawn`, which re-runs a top-level script (and then fails)."""
+    info = {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
+            "cuda": None, "cudnn": None, "gpus": [], "gpu_driver": None}
     try:
         import torch
         info["cuda"] = torch.version.cuda
-        if torch.cuda.is_available():
-            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        info["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     except ImportError:
+        pass
+    try:
+        rows = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
+        info["gpus"] = [", ".join(r.split(", ")[:2]) for r in rows]
+        info["gpu_driver"] = rows[0].split(", ")[-1] if rows else None
+    except (OSError, subprocess.SubprocessError):
         pass
     return info
 
 
+def _hub_cached_file(repo_id, filename):
+    """Path of a file of a hub model in the local HF cache (no network), or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        p = try_to_load_from_cache(repo_id, filename)
+    except Exception:  # not a valid repo id, or huggingface_hub missing: nothing to record
+        return None
+    return p if isinstance(p, str) and os.path.isfile(p) else None
+
+
+def _snapshot_revision(path):
+    """The commit of a hub snapshot folder (.../snapshots/<40 hex>/...), else None."""
+    m = re.search(r"[/\\]snapshots[/\\]([0-9a-f]{40})(?:[/\\]|$)", path or "")
+    return m.group(1) if m else None
+
+
 def model_info(model):
-    """Path or hub id, its revision where known, and the sha256 of its config (what shapes it)."""
+    """Path or hub id, its revision where known (hub snapshot commit), the sha256 of its config (what shapes
+    it) and generation config, and the weight files with their sizes (hashing GBs of weights per run is too
+    slow; the revision or the producing run's manifest pins them)."""
     if model in (None, "tiny", "expert", "scripted"):
         if model == "tiny":
             from envs.backends import tiny_config
             return {"model": "tiny", "config_sha256": sha256_text(tiny_config().to_json_string(use_diff=False))}
         return {"model": model}
-    info = {"model": model, "path": os.path.abspath(model) if os.path.exists(model) else None}
-    cfg = os.path.join(model, "config.json")
-    if os.path.isfile(cfg):
+    local = os.path.isdir(model)
+    info = {"model": model, "path": os.path.abspath(model) if local else None, "revision": None}
+    cfg = os.path.join(model, "config.json") if local else _hub_cached_file(model, "config.json")
+    if cfg and os.path.isfile(cfg):
+        folder = os.path.dirname(cfg)
+        info["resolved_path"] = os.path.realpath(folder)
+        info["revision"] = _snapshot_revision(folder) or _snapshot_revision(info["resolved_path"])
         info["config_sha256"] = sha256_file(cfg)
         with open(cfg) as f:
-            info["revision"] = json.load(f).get("_commit_hash")
-    for name in ("seed_manifest.json",):  # a checkpoint written by this project points to its parent run
-        if os.path.isfile(os.path.join(model, name)):
-            info["produced_by"] = os.path.join(model, name)
+            info["revision"] = info["revision"] or json.load(f).get("_commit_hash")
+        gen = os.path.join(folder, "generation_config.json")
+        info["generation_config_sha256"] = sha256_file(gen) if os.path.isfile(gen) else None
+        index = os.path.join(folder, "model.safetensors.index.json")
+        info["weights_index_sha256"] = sha256_file(index) if os.path.isfile(index) else None
+        info["weight_files"] = {n: os.path.getsize(os.path.join(folder, n)) for n in sorted(os.listdir(folder))
+                                if n.endswith((".safetensors", ".bin", ".pt"))}
+        if os.path.isfile(os.path.join(folder, "seed_manifest.json")):  # a checkpoint of this project
+            info["produced_by"] = os.path.join(folder, "seed_manifest.json")
+    else:
+        info["note"] = "not a local folder and not in the local hub cache: revision unknown"
     return info
 
 
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "chat_template.json", "special_tokens_map.json", "added_tokens.json")
+
+
 def tokenizer_info(tokenizer):
+    """Tokenizer folder, the sha256 of each of its files, and the sha256 of the chat template actually in
+    use (the string `apply_chat_template` renders), which is what decides the prompt tokens."""
     if tokenizer is None:
         return None
     path = getattr(tokenizer, "name_or_path", "")
+    folder = path if os.path.isdir(path) else os.path.dirname(_hub_cached_file(path, "tokenizer_config.json") or "")
     files = {}
-    for name in ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"):
-        p = os.path.join(path, name)
-        if os.path.isfile(p):
+    for name in TOKENIZER_FILES:
+        p = os.path.join(folder, name) if folder else ""
+        if p and os.path.isfile(p):
             files[name] = sha256_file(p)
     template = getattr(tokenizer, "chat_template", None) or ""
-    return {"path": path, "files_sha256": files, "chat_template_sha256": sha256_text(template),
-            "vocab_size": len(tokenizer)}
+    return {"path": path, "folder": os.path.abspath(folder) if folder else None,
+            "revision": _snapshot_revision(os.path.realpath(folder)) if folder else None,
+            "class": type(tokenizer).__name__, "files_sha256": files,
+            "chat_template_sha256": sha256_text(template) if template else None, "vocab_size": len(tokenizer),
+            "eos_token": tokenizer.eos_token, "pad_token": tokenizer.pad_token}
 
 
 def games_sha256(games):
     """sha256 over the ordered task ids (relative, so the same on every machine)."""
     return sha256_text("\n".join(g["task_id"] if isinstance(g, dict) else str(g) for g in games))
+
+
+def games_summary(games):
+    """Count, sha256 of the ordered ids, count per split and per task type (alfworld names) of a game list."""
+    per_split, per_type = {}, {}
+    for g in games:
+        if isinstance(g, dict):
+            per_split[g.get("split")] = per_split.get(g.get("split"), 0) + 1
+            per_type[g.get("task_type")] = per_type.get(g.get("task_type"), 0) + 1
+    ids = {g["task_id"] if isinstance(g, dict) else str(g) for g in games}
+    return {"count": len(games), "unique": len(ids), "sha256": games_sha256(games), "per_split": per_split,
+            "per_type": per_type}
 
 
 def args_diff(args, paper):
@@ -151,11 +227,15 @@ def args_diff(args, paper):
 
 def run_manifest(script, args, *, paper=None, model=None, ref_model=None, tokenizer=None, split=None,
                  games=None, seeds=None, extra=None):
-    m = {"script": script, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv,
+    """The one manifest every script writes beside its outputs. paper: {flag: paper value} for the flags
+    the script shares with the paper's settings (diff_vs_paper lists exactly those that differ); games: the
+    ordered game records the run plays (count, sha256, per split/type); extra: script-specific fields."""
+    m = {"script": script, "paper": PAPER_VERSION, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv,
          "git": git_state(), "hardware": hardware(), "packages": package_versions(),
+         "environment": environment_lock(),
          "model": model_info(model), "ref_model": model_info(ref_model) if ref_model else None,
          "tokenizer": tokenizer_info(tokenizer), "split": split,
-         "games": {"count": len(games), "sha256": games_sha256(games)} if games is not None else None,
+         "games": games_summary(games) if games is not None else None,
          "seeds": seeds, "args": vars(args) if not isinstance(args, dict) else args,
          "diff_vs_paper": args_diff(args, paper) if paper else None}
     if extra:
@@ -164,6 +244,10 @@ def run_manifest(script, args, *, paper=None, model=None, ref_model=None, tokeni
 
 
 def write_manifest(path, manifest):
+    """Write via a temporary file and a rename, so a kill never leaves a half-written manifest (a resumed
+    run reads the old one to refuse mixing settings)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
         json.dump(manifest, f, indent=2, default=str)
+    os.replace(tmp, path)

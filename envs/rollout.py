@@ -125,7 +125,8 @@ def play_episodes(specs, pool, policy, tokenizer, *, max_steps=30, history=5, ma
 
 def summarize_episodes(episodes):
     """Per task type (SPEC.md order) and All: episodes, success rate, mean length, invalid-action rate.
-    Env failures are counted apart and excluded from the rates."""
+    Env failures are counted apart and excluded from the rates; episodes cut because even the history-free
+    prompt was over the limit count as failures and are also counted apart ('prompt_too_long')."""
     from envs.alfworld import TASK_TYPES, TYPE_ORDER
     rows = {name: [] for name in TYPE_ORDER}
     failures = 0
@@ -144,6 +145,7 @@ def summarize_episodes(episodes):
                      "invalid_rate": sum(not s["valid"] for ep in eps for s in ep["steps"]) / n_steps
                      if n_steps else None}
     out["env_failures"] = failures
+    out["prompt_too_long"] = sum(bool(ep.get("prompt_too_long")) for ep in rows["All"])
     return out
 
 
@@ -151,9 +153,11 @@ def format_summary(summary, title="success per task type"):
     fmt = lambda v, pct=False: "-" if v is None else (f"{100 * v:.1f}" if pct else f"{v:.1f}")
     lines = [title, f"{'type':<6} {'episodes':>8} {'success%':>8} {'length':>7} {'invalid%':>8}"]
     for name, r in summary.items():
-        if name == "env_failures":
+        if name in ("env_failures", "prompt_too_long"):
             continue
         lines.append(f"{name:<6} {r['episodes']:>8} {fmt(r['success'], True):>8} {fmt(r['length']):>7} "
                      f"{fmt(r['invalid_rate'], True):>8}")
     lines.append(f"env failures (excluded): {summary['env_failures']}")
+    if summary.get("prompt_too_long"):
+        lines.append(f"episodes cut with a prompt over the limit (counted as failures): {summary['prompt_too_long']}")
     return "\n".join(lines)

@@ -71,7 +71,9 @@ def extract_task(first_observation):
 # action is not admissible. Invalid steps still execute something (see `action_to_execute`) and are
 # penalized by the environment wrapper.
 
-ACTION_RE = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
+# The block's text may not contain another "<action>": a tag mentioned in the reasoning ("I answer with
+# <action> tags") must not swallow the real block that follows it.
+ACTION_RE = re.compile(r"<action>((?:(?!<action>).)*?)</action>", re.DOTALL | re.IGNORECASE)
 THINK_OPEN_RE = re.compile(r"<think>", re.IGNORECASE)
 THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
 # CJK unified ideographs (+ext. A, compatibility), CJK punctuation, kana, hangul, full-width forms.

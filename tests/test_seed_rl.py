@@ -89,3 +89,21 @@ def test_kill_after_update_1_then_resume_matches_uninterrupted(one_process, tmp_
     m, ref = metrics(out), metrics(one_process)
     assert [r["update"] for r in m] == [1, 2]  # exactly one line per update
     assert close(m[1], ref[1], rel=1e-6, abs_=1e-9), {k: (m[1][k], ref[1][k]) for k in LOSS_KEYS}
+
+
+def test_report_from_a_real_two_update_run(one_process, tmp_path):
+    """evaluate.py --report on the metrics of the real CPU run above: every curve the reading guide names,
+    and the plain-vs-skill gap figure drawn from the run's examples.jsonl."""
+    out = tmp_path / "report"
+    run_script(["evaluate.py", "--report", one_process, "--out", str(out)], timeout=300)
+    report = json.loads((out / "report.json").read_text())
+    drawn = {pn["key"] for fig in report["figures"] for pn in fig["panels"] if pn["drawn"]}
+    for key in ("rollout/success_rate", "rollout/episode_length", "loss/opd", "opd/gate_mean",
+                "opd/gate_active_ratio", "loss/kl", "opd/teacher_coverage", "rollout/invalid_rate"):
+        assert key in drawn, key
+    for fig in report["figures"]:
+        if fig["file"]:
+            assert (out / fig["file"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (gap,) = report["gaps"]
+    assert gap["tokens"] > 0 and (out / gap["file"]).exists()
+    assert "gap_" in (out / "report.md").read_text()

@@ -1,0 +1,514 @@
+"""Stage 1b: an analyzer writes one hindsight skill per collected trajectory; the parsed ones become SFT data.
+
+The paper's setting (SPEC.md Stage 1, step 2): an external analyzer (GLM through an OpenAI-compatible
+endpoint) reads each trajectory (task, outcome, `Step i / Observation / Response / Action valid`) at
+temperature 0 with up to 4,096 new tokens and answers `{"episode_summary": ..., "episode_skill": ...}`;
+answers that do not parse get up to 2 retries with a stricter reminder; skills under 5 words are rejected;
+only parsed answers become SFT examples (10% validation).
+
+    # the paper's setup: an external analyzer behind an OpenAI-compatible endpoint (the API key is read
+    # from $OPENAI_API_KEY, or the variable --api-key-env names; it is never logged or written)
+    python annotate.py --trajectories runs/stage1/traj.jsonl --out runs/stage1/skills.jsonl \
+        --analyzer openai --base-url https://open.bigmodel.cn/api/paas/v4 --model glm-5.2
+    # 1 GPU: a local analyzer through the project's vLLM backend
+    python annotate.py --trajectories runs/stage1/traj.jsonl --out runs/stage1/skills.jsonl \
+        --analyzer local --model Qwen/Qwen2.5-7B-Instruct --backend vllm
+    # 8 GPUs: serve a large analyzer with vLLM's own OpenAI server (tensor parallel) and ask it concurrently
+    vllm serve Qwen/Qwen2.5-72B-Instruct --tensor-parallel-size 8 --max-model-len 16384 &
+    python annotate.py --trajectories runs/stage1/traj.*.jsonl --out runs/stage1/skills.jsonl \
+        --analyzer openai --base-url http://localhost:8000/v1 --model Qwen/Qwen2.5-72B-Instruct --concurrency 64
+    # CPU demo: a stand-in endpoint (canned skills, no model; it answers 503 and non-JSON now and then)
+    python tests/openai_fake.py --port 8765 &
+    python annotate.py --trajectories runs/demo/expert.jsonl --out runs/demo/skills.jsonl \
+        --sft runs/demo/sft.jsonl --base-url http://127.0.0.1:8765/v1 --model fake-analyzer
+    # CPU demo, local analyzer: a tiny random model never writes JSON, so every record ends `failed`
+    python annotate.py --trajectories runs/demo/tiny.jsonl --out runs/demo/skills_tiny.jsonl \
+        --analyzer local --model tiny --max-new-tokens 16
+    # follow one SFT example from the raw trajectory to its target (the summary prints an id to try)
+    python annotate.py --trace sft-491a35f53b13 --sft runs/demo/sft.jsonl
+
+Outputs (append-only: a killed run restarts where it stopped, keyed by trajectory uid, no duplicates; a
+`failed` record is final unless a later run passes --retry-failed, whose new record then supersedes it):
+  <out>                one line per trajectory: status parsed | failed | skipped, reason, skill, summary,
+                       every attempt (answer or error, parse reason, HTTP status, latency), analyzer spec
+  <out stem>.sft.jsonl rebuilt from the whole <out> at the end of every run: one line per parsed record,
+                       {"id", "split", "prompt", "target", "annotation_id", "annotation_file",
+                        "trajectory_uid", "trajectory_file", "outcome", ...}  (what sft.py reads)
+  <out>.manifest.json  the run manifest (no API key: the key only ever lives in the environment)
+"""
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+from tqdm import tqdm
+
+from envs.records import append_jsonl, open_jsonl_for_append, read_jsonl, run_manifest, sha256_file, write_manifest
+from prompts import build_analysis_prompt, chat_prompt, parse_analysis, target_json
+
+# The paper's settings (SPEC.md Stage 1 step 2 and 3); argparse defaults equal these. The 5-word minimum
+# lives in prompts.MIN_SKILL_WORDS (the parser enforces it, in every stage).
+PAPER = dict(temperature=0.0, max_new_tokens=4096, parse_retries=2, val_fraction=0.1)
+
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument("--trajectories", nargs="+", help="collect.py output file(s)")
+p.add_argument("--out", help="annotation JSONL (append-only)")
+p.add_argument("--analyzer", default="openai", choices=["openai", "local"])
+p.add_argument("--model", help="endpoint model name | local HF path or hub id | tiny")
+p.add_argument("--base-url", help="OpenAI-compatible base URL, e.g. http://host:8000/v1 (POST <base>/chat/completions)")
+p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="name of the environment variable holding the key")
+p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="local analyzer: HF generate or vLLM")
+p.add_argument("--temperature", type=float, default=PAPER["temperature"])
+p.add_argument("--max-new-tokens", type=int, default=PAPER["max_new_tokens"])
+p.add_argument("--retry-failed", action="store_true", help="re-ask trajectories whose record is `failed` (e.g. after "
+               "an endpoint outage); the new record is appended and supersedes the old one")
+p.add_argument("--parse-retries", type=int, default=PAPER["parse_retries"], help="re-asks after an unparsable answer")
+p.add_argument("--concurrency", type=int, default=8, help="endpoint requests in flight")
+p.add_argument("--timeout", type=float, default=600.0, help="seconds without an answer before a request is retried")
+p.add_argument("--http-retries", type=int, default=5, help="re-sends after an HTTP 5xx/429, connection error or timeout")
+p.add_argument("--backoff", type=float, default=2.0, help="first backoff in seconds (doubles per retry)")
+p.add_argument("--max-wait", type=float, default=60.0, help="cap on one wait (backoff or Retry-After), seconds")
+p.add_argument("--batch-size", type=int, default=64, help="local analyzer: trajectories per generation round")
+p.add_argument("--max-model-len", type=int, default=16384, help="local analyzer: prompt + answer token limit")
+p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+p.add_argument("--val-fraction", type=float, default=PAPER["val_fraction"])
+p.add_argument("--seed", type=int, default=0, help="validation split (and the local model's init for `tiny`)")
+p.add_argument("--sft", help="SFT dataset path (default: <out stem>.sft.jsonl)")
+p.add_argument("--trace", metavar="SFT_ID", help="print the chain of one SFT example and exit")
+args = p.parse_args()
+
+sft_path = args.sft or (os.path.splitext(args.out)[0] + ".sft.jsonl" if args.out else None)
+
+
+def locate(path, near):
+    """A path recorded in a file, or (the files were moved together) the same name beside `near`."""
+    if os.path.exists(path):
+        return path
+    alt = os.path.join(os.path.dirname(os.path.abspath(near)), os.path.basename(path))
+    if os.path.exists(alt):
+        return alt
+    sys.exit(f"cannot find {path} (nor {alt})")
+
+
+def find_episode(path, uid):
+    """The full trajectory record with this uid (scans the file; json-decodes only the matching line)."""
+    needle = json.dumps(uid, ensure_ascii=False)[1:-1]
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if needle in line:
+                try:
+                    ep = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn last line
+                if ep.get("uid") == uid:
+                    return ep
+    sys.exit(f"trajectory {uid} not found in {path}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Trace mode: follow one SFT example back to its annotation and its raw trajectory, then exit
+if args.trace:
+    if not sft_path:
+        p.error("--trace needs --sft (or --out, to derive the SFT path)")
+    ex = next((e for e in read_jsonl(sft_path) if e["id"] == args.trace), None)
+    if ex is None:
+        sys.exit(f"no SFT example {args.trace!r} in {sft_path}")
+    ann_file, traj_file = locate(ex["annotation_file"], sft_path), locate(ex["trajectory_file"], sft_path)
+    anns = [r for r in read_jsonl(ann_file) if r["id"] == ex["annotation_id"]]
+    if not anns:
+        sys.exit(f"annotation {ex['annotation_id']} not found in {ann_file}")
+    ann = anns[-1]  # the latest: earlier ones are failed records that --retry-failed superseded
+    ep = find_episode(traj_file, ex["trajectory_uid"])
+    rule = "=" * 100
+    print(f"{rule}\nSFT example {ex['id']} ({ex['split']})  <-  annotation {ann['id']} in {ann_file}\n"
+          f"  <-  trajectory {ep['uid']} in {traj_file}\n{rule}")
+    print(f"TRAJECTORY  task: {ep['task']!r}  type: {ep['task_type']}  outcome: "
+          f"{'success' if ep['success'] else 'failure'}  return: {ep['return']}  steps: {ep['length']}")
+    for s in ep["steps"]:
+        print(f"--- step {s['step']}  action: {s['action']!r} (executed {s['executed']!r})  "
+              f"valid: {'yes' if s['valid'] else 'no'}{'' if s['valid'] else ' (' + s['invalid_reason'] + ')'}  "
+              f"reward: {s['reward']}")
+        print(f"observation: {s['observation']}\nresponse: {s['response']}")
+    if ep["steps"]:
+        print(f"--- final feedback: {ep['steps'][-1]['feedback']}")
+    spec = ", ".join(f"{k}={v}" for k, v in ann["analyzer"].items())
+    print(f"{rule}\nANALYZER  ({spec})  status: {ann['status']}  attempts: {len(ann['attempts'])}"
+          + (f"  (after {len(anns) - 1} failed record(s): {[r['reason'] for r in anns[:-1]]})" if len(anns) > 1 else ""))
+    for a in ann["attempts"]:
+        print(f"--- attempt try {a['try']} request {a['request']}  http: {a['http_status']}  "
+              f"latency: {a['latency_s']}s  reminder: {a['reminder']}  parse: {a['parse_reason']}"
+              + (f"  error: {a['error']} {a.get('detail', '')}" if a["error"] else "")
+              + (f"  (waited {a['waited_s']}s before re-sending)" if a.get("waited_s") else ""))
+        if a["raw"] is not None:
+            print(a["raw"])
+    same = ex["prompt"] == build_analysis_prompt(ep)
+    print(f"{rule}\nSFT PROMPT  {len(ex['prompt'])} chars; rebuilt from the trajectory: "
+          f"{'identical' if same else 'DIFFERENT (the prompt wording changed since annotation)'}")
+    print(f"SFT TARGET  {ex['target']}")
+    sys.exit(0)
+
+for name in ("trajectories", "out", "model"):
+    if not getattr(args, name):
+        p.error(f"--{name.replace('_', '-')} is required")
+if args.analyzer == "openai" and not args.base_url:
+    p.error("--analyzer openai needs --base-url")
+if not 0 <= args.val_fraction <= 1 or args.parse_retries < 0 or args.http_retries < 0 or args.concurrency < 1:
+    p.error("need 0 <= --val-fraction <= 1, --parse-retries >= 0, --http-retries >= 0, --concurrency >= 1")
+if args.analyzer == "local" and args.model == "tiny" and args.backend == "vllm":
+    p.error("`tiny` is built in memory; vLLM needs a model path (use --backend hf)")
+
+# ---------------------------------------------------------------------------------------------------
+# Plan: every trajectory of the input files, minus those already in --out (resume by uid)
+HEAVY = ("prompt", "prompt_ids", "response_ids", "response_logprobs", "admissible")
+
+
+def read_episodes(path):
+    """collect.py records, streamed, without the per-step token ids and prompts (a 1,440-episode file is
+    hundreds of MB; the analysis prompt needs only observations, responses and valid flags)."""
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                ep = json.loads(line)
+            except json.JSONDecodeError:
+                if not line.endswith(b"\n"):  # a torn last line: collect.py was killed mid-write
+                    print(f"[annotate] {path}: ignoring a torn last line", file=sys.stderr)
+                    continue
+                sys.exit(f"{path}: line {n} is not JSON (and not a torn last line)")
+            if "uid" not in ep or "steps" not in ep:
+                sys.exit(f"{path}: line {n} is not a collect.py episode (no uid/steps)")
+            ep["steps"] = [{k: v for k, v in s.items() if k not in HEAVY} for s in ep["steps"]]
+            yield ep
+
+
+episodes, source = [], {}
+for path in args.trajectories:
+    for ep in read_episodes(path):
+        if ep["uid"] in source:
+            sys.exit(f"trajectory uid {ep['uid']} appears twice ({source[ep['uid']]} and {path}); "
+                     f"annotate different collections into different --out files")
+        source[ep["uid"]] = os.path.abspath(path)
+        episodes.append(ep)
+
+manifest_path = args.out + ".manifest.json"
+KEY = ("analyzer", "model", "backend", "temperature", "max_new_tokens", "parse_retries")
+if os.path.exists(manifest_path):  # resuming: refuse to mix two analyzers' answers in one file
+    with open(manifest_path) as f:
+        old = json.load(f)["args"]
+    diff = {k: (old.get(k), getattr(args, k)) for k in KEY if old.get(k) != getattr(args, k)}
+    if diff:
+        sys.exit(f"{args.out} was written with other settings {diff}; use another --out")
+latest = {r["trajectory_uid"]: r for r in read_jsonl(args.out)}  # a later record supersedes (--retry-failed)
+done = {uid for uid, r in latest.items() if not (args.retry_failed and r["status"] == "failed")}
+todo = [ep for ep in episodes if ep["uid"] not in done]
+print(f"annotate: {len(episodes)} trajectories in {len(args.trajectories)} file(s); {len(episodes) - len(todo)} "
+      f"already in {args.out}, {len(todo)} to annotate"
+      + (f" ({sum(ep['uid'] in latest for ep in todo)} of them failed before: --retry-failed)" if args.retry_failed else ""))
+
+spec = {"analyzer": args.analyzer, "model": args.model, "temperature": args.temperature,
+        "max_new_tokens": args.max_new_tokens}
+spec.update({"base_url": args.base_url} if args.analyzer == "openai" else {"backend": args.backend})
+
+# ---------------------------------------------------------------------------------------------------
+# One record per trajectory (shared by both analyzers)
+
+
+def ann_id(ep):
+    """Deterministic in the trajectory (uid and content), so a resumed run and its SFT file agree on every
+    id, and two collections of the same tasks (same uids, other policies) never share an id."""
+    content = json.dumps([ep["uid"], [[s["observation"], s["response"]] for s in ep["steps"]]], ensure_ascii=False)
+    return "ann-" + hashlib.sha256(content.encode("utf-8")).hexdigest()[:12]
+
+
+def make_record(ep, prompt, attempts, parsed, status, reason):
+    answers = [a["raw"] for a in attempts if a["raw"] is not None]
+    skill = parsed["episode_skill"] if parsed else None
+    return {"id": ann_id(ep), "trajectory_uid": ep["uid"], "trajectory_file": source[ep["uid"]],
+            "task_id": ep.get("task_id"), "task_type": ep.get("task_type"), "task": ep.get("task"),
+            "outcome": "success" if ep.get("success") else "failure", "return": ep.get("return"),
+            "length": ep.get("length"), "status": status, "reason": reason,
+            "episode_summary": parsed["episode_summary"] if parsed else None, "episode_skill": skill,
+            "skill_words": len(skill.split()) if skill else None,
+            "raw": answers[-1] if answers else None, "tries": max([a["try"] for a in attempts], default=0),
+            "attempts": attempts, "prompt": prompt, "analyzer": spec,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def skip_reason(ep):
+    """Episodes that must not be annotated (never silently: they are written as `skipped`)."""
+    if ep.get("env_failure"):
+        return f"env_failure: {ep['env_failure']}"
+    if not ep["steps"]:
+        return "no_steps"
+    return None
+
+
+skipped = [ep for ep in todo if skip_reason(ep)]
+todo = [ep for ep in todo if not skip_reason(ep)]
+
+# ---------------------------------------------------------------------------------------------------
+# Analyzer A: an OpenAI-compatible chat endpoint (standard library HTTP, one thread per request in flight)
+api_key = os.environ.get(args.api_key_env) if args.analyzer == "openai" else None
+if args.analyzer == "openai" and not api_key:
+    print(f"annotate: ${args.api_key_env} is not set; sending requests without an Authorization header")
+
+
+class Fatal(Exception):
+    """The endpoint refuses every request (bad key, wrong URL or model name): stop the whole run."""
+
+
+stop, refusals = threading.Event(), []  # set on the first refusal: the other threads send nothing more
+
+
+def scrub(text):
+    """Whatever the endpoint echoes back is stored; the key must never be."""
+    return text.replace(api_key, "<api key>") if api_key and isinstance(text, str) else text
+
+
+def post_chat(prompt):
+    """One HTTP request. Returns an attempt: {raw answer | error kind + detail, http status, latency}."""
+    body = json.dumps({"model": args.model, "messages": [{"role": "user", "content": prompt}],
+                       "temperature": args.temperature, "max_tokens": args.max_new_tokens}).encode("utf-8")
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(args.base_url.rstrip("/") + "/chat/completions", data=body, headers=headers,
+                                 method="POST")
+    att = {"http_status": None, "latency_s": None, "raw": None, "error": None, "parse_reason": None}
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
+            att["http_status"] = resp.status
+            payload = json.loads(resp.read())
+        choice = payload["choices"][0]
+        att.update(raw=choice["message"].get("content") or "", finish_reason=choice.get("finish_reason"),
+                   usage=payload.get("usage"))
+    except urllib.error.HTTPError as e:  # 4xx/5xx with a body
+        att.update(http_status=e.code, error=f"http_{e.code}", retry_after=e.headers.get("Retry-After"),
+                   detail=scrub(e.read(300).decode("utf-8", "replace")))
+    except (TimeoutError, urllib.error.URLError, http.client.HTTPException, OSError) as e:
+        timeout = isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError)
+        att.update(error="timeout" if timeout else "connection_error", detail=scrub(repr(e))[:300])
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:  # a 200 that is no chat completion
+        att.update(error="bad_response", detail=scrub(repr(e))[:300])
+    att["latency_s"] = round(time.perf_counter() - t0, 3)
+    att["raw"] = scrub(att["raw"])
+    return att
+
+
+def retry_wait(att, i):
+    """Seconds before re-sending: the server's Retry-After (seconds form) if it gave one, else exponential
+    backoff with jitter (so concurrent requests that failed together do not retry together); capped."""
+    try:
+        wait = float(att.get("retry_after"))
+    except (TypeError, ValueError):  # absent, or the HTTP-date form: fall back to backoff
+        wait = args.backoff * 2 ** i * random.uniform(0.5, 1.0)
+    return min(max(wait, 0.0), args.max_wait)
+
+
+def ask_endpoint(prompt):
+    """One answer, re-sending after 5xx/429/408, connection errors and timeouts. Returns every request's
+    attempt (the last one holds the answer, or the error that exhausted the retries)."""
+    tries = []
+    for i in range(args.http_retries + 1):
+        if stop.is_set():
+            raise Fatal("another request was refused")
+        att = post_chat(prompt)
+        tries.append(att)
+        status = att["http_status"]
+        if att["error"] is None:
+            break
+        if status in (401, 403, 404):
+            refusals.append(f"the endpoint answered HTTP {status} ({att['detail'][:200]}); check --base-url, "
+                            f"--model and ${args.api_key_env}")
+            stop.set()
+            raise Fatal(refusals[-1])
+        retryable = att["error"] in ("timeout", "connection_error", "bad_response") or status in (408, 429) \
+            or (status or 0) >= 500
+        if not retryable or i == args.http_retries:  # e.g. 400 (prompt too long for the model): final
+            break
+        att["waited_s"] = round(retry_wait(att, i), 3)
+        time.sleep(att["waited_s"])
+    return tries
+
+
+def annotate_remote(ep):
+    """The analysis loop of one trajectory: ask; if the answer does not parse, ask again with the stricter
+    reminder naming why (up to --parse-retries times)."""
+    prompt = build_analysis_prompt(ep)  # exactly what sft.py trains on and seed_rl.py asks
+    attempts, reason = [], None
+    for t in range(1, args.parse_retries + 2):
+        tries = ask_endpoint(prompt if reason is None else build_analysis_prompt(ep, reminder=reason))
+        for k, a in enumerate(tries, start=1):
+            a.update(**{"try": t, "request": k, "reminder": reason})
+        attempts += tries
+        last = tries[-1]
+        if last["error"]:
+            return make_record(ep, prompt, attempts, None, "failed", last["error"])
+        parsed, reason = parse_analysis(last["raw"])
+        last["parse_reason"] = reason or "ok"
+        if parsed:
+            return make_record(ep, prompt, attempts, parsed, "parsed", "")
+    return make_record(ep, prompt, attempts, None, "failed", reason)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Analyzer B: a local model through the project's generation backends, in rounds over a batch
+def annotate_local(batch, backend, tokenizer):
+    """Round t asks every trajectory of the batch that has no parsed answer yet (one batched generate
+    call); the ones that fail to parse go to the next round with the stricter reminder."""
+    prompts = [build_analysis_prompt(ep) for ep in batch]
+    attempts, reasons, records = [[] for _ in batch], [None] * len(batch), [None] * len(batch)
+    for t in range(1, args.parse_retries + 2):
+        live = [i for i in range(len(batch)) if records[i] is None]
+        if not live:
+            break
+        ids = {i: chat_prompt(tokenizer, prompts[i] if reasons[i] is None else
+                              build_analysis_prompt(batch[i], reminder=reasons[i]))[1] for i in live}
+        for i in [i for i in live if len(ids[i]) + args.max_new_tokens > args.max_model_len]:
+            attempts[i].append({"try": t, "request": 1, "reminder": reasons[i], "http_status": None, "latency_s": 0,
+                                "raw": None, "error": "prompt_too_long", "parse_reason": None,
+                                "detail": f"{len(ids[i])} prompt tokens + {args.max_new_tokens} > {args.max_model_len}"})
+            records[i] = make_record(batch[i], prompts[i], attempts[i], None, "failed", "prompt_too_long")
+        live = [i for i in live if records[i] is None]
+        t0 = time.perf_counter()
+        gens = backend.generate([ids[i] for i in live], max_new_tokens=args.max_new_tokens,
+                                temperature=args.temperature) if live else []
+        dt = round(time.perf_counter() - t0, 3)  # one batched call: its wall time, shared by the batch
+        for i, g in zip(live, gens):
+            parsed, reason = parse_analysis(g.text)
+            attempts[i].append({"try": t, "request": 1, "reminder": reasons[i], "http_status": None,
+                                "latency_s": dt, "batch": len(live), "raw": g.text, "error": None,
+                                "parse_reason": reason or "ok", "finish_reason": g.finish_reason,
+                                "usage": {"prompt_tokens": len(ids[i]), "completion_tokens": len(g.token_ids)}})
+            reasons[i] = reason
+            if parsed:
+                records[i] = make_record(batch[i], prompts[i], attempts[i], parsed, "parsed", "")
+    return [r if r is not None else make_record(ep, pr, at, None, "failed", rs)
+            for r, ep, pr, at, rs in zip(records, batch, prompts, attempts, reasons)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Run: load the local analyzer (if any), write the manifest, then skipped episodes first and the
+# analyzer's answers; each record is appended as soon as it is final
+tokenizer = backend = None
+if args.analyzer == "local":
+    import torch
+    from envs.backends import HFBackend, VLLMBackend, load_model, load_tokenizer
+    tokenizer = load_tokenizer(args.model)
+    if args.backend == "vllm" and todo:
+        # Before the manifest: it queries the GPUs, which initializes CUDA in this process, and vLLM then
+        # starts its engine with `spawn`, which re-runs this script from the top.
+        backend = VLLMBackend(args.model, tokenizer, max_model_len=args.max_model_len,
+                              gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
+                              enable_sleep_mode=False)
+    elif todo:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        backend = HFBackend(load_model(args.model, dtype=dtype, device=device, seed=args.seed), tokenizer)
+manifest = run_manifest("annotate.py", args, paper=PAPER, model=args.model, tokenizer=tokenizer,
+                        seeds={"seed": args.seed},
+                        extra={"analyzer": spec, "sft": sft_path,
+                               "inputs": [{"path": os.path.abspath(t), "sha256": sha256_file(t),
+                                           "collect_manifest": t + ".manifest.json"
+                                           if os.path.exists(t + ".manifest.json") else None}
+                                          for t in args.trajectories]})
+write_manifest(manifest_path, manifest)
+
+t_start = time.time()
+out = open_jsonl_for_append(args.out)
+bar = tqdm(total=len(todo) + len(skipped), desc="annotate", unit="traj")
+for ep in skipped:
+    append_jsonl(out, make_record(ep, None, [], None, "skipped", skip_reason(ep)))
+    bar.update(1)
+
+if args.analyzer == "openai" and todo:
+    pool = ThreadPoolExecutor(max_workers=args.concurrency)
+    try:
+        futures = [pool.submit(annotate_remote, ep) for ep in todo]
+        for fut in as_completed(futures):  # write in completion order: a kill loses only what is in flight
+            append_jsonl(out, fut.result())
+            bar.update(1)
+    except Fatal:
+        pool.shutdown(wait=True, cancel_futures=True)
+        sys.exit(f"annotate: stopped: {refusals[0]}")
+    except BaseException:  # Ctrl-C: do not start the queued requests; what is written stays written
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+elif args.analyzer == "local" and todo:
+    for b in range(0, len(todo), args.batch_size):
+        for rec in annotate_local(todo[b:b + args.batch_size], backend, tokenizer):
+            append_jsonl(out, rec)
+        bar.update(len(todo[b:b + args.batch_size]))
+bar.close()
+out.close()
+elapsed = time.time() - t_start
+
+# ---------------------------------------------------------------------------------------------------
+# SFT dataset, rebuilt from the whole annotation file (so a resumed run gives the same file as one run)
+
+
+def val_split(example_id):
+    """'val' for a seeded ~val_fraction of ids: a hash, so an example keeps its split when a resumed run
+    adds others (a shuffled index list would reshuffle)."""
+    h = hashlib.sha256(f"{args.seed}:{example_id}".encode("utf-8")).digest()
+    return "val" if int.from_bytes(h[:8], "big") / 2 ** 64 < args.val_fraction else "train"
+
+
+all_records = read_jsonl(args.out)
+records = list({r["trajectory_uid"]: r for r in all_records}.values())  # the latest record of each trajectory
+sft = []
+for r in sorted((r for r in records if r["status"] == "parsed"), key=lambda r: r["trajectory_uid"]):
+    sid = "sft-" + r["id"][len("ann-"):]
+    sft.append({"id": sid, "split": val_split(sid), "prompt": r["prompt"], "target": target_json(r),
+                "annotation_id": r["id"], "annotation_file": os.path.abspath(args.out),
+                "trajectory_uid": r["trajectory_uid"], "trajectory_file": r["trajectory_file"],
+                "outcome": r["outcome"], "task_id": r["task_id"], "task_type": r["task_type"]})
+tmp = sft_path + ".tmp"
+with open(tmp, "w", encoding="utf-8") as f:  # written whole, then renamed: a reader never sees half a file
+    for ex in sft:
+        f.write(json.dumps(ex, ensure_ascii=False) + "\n")
+os.replace(tmp, sft_path)
+
+# ---------------------------------------------------------------------------------------------------
+# Summary over the whole annotation file (this run and earlier, resumed ones)
+status = Counter(r["status"] for r in records)
+print(f"\n{len(records)} annotations in {args.out}: " + ", ".join(f"{k} {status[k]}" for k in ("parsed", "failed", "skipped"))
+      + (f" ({len(all_records) - len(records)} earlier failed records superseded)" if len(all_records) > len(records) else ""))
+for outcome in ("success", "failure"):
+    asked = [r for r in records if r["outcome"] == outcome and r["status"] != "skipped"]
+    ok = sum(r["status"] == "parsed" for r in asked)
+    print(f"  parse rate, {outcome:<7} trajectories: {ok}/{len(asked)}" + (f" = {100 * ok / len(asked):.1f}%" if asked else ""))
+reasons = Counter(r["reason"].split(":")[0] for r in records if r["status"] != "parsed")
+print("  not parsed, by reason: " + (", ".join(f"{k} {v}" for k, v in reasons.most_common()) or "-"))
+words = sorted(r["skill_words"] for r in records if r["status"] == "parsed")
+if words:
+    bins = [(5, 9), (10, 19), (20, 39), (40, 79), (80, 10 ** 9)]
+    hist = ", ".join(f"{lo}-{hi if hi < 10 ** 9 else ''}: {sum(lo <= w <= hi for w in words)}" for lo, hi in bins)
+    print(f"  skill length (words): min {words[0]}, median {statistics.median(words):g}, max {words[-1]}  [{hist}]")
+asked = [r for r in records if r["status"] != "skipped"]
+print("  analysis tries per trajectory: " + ", ".join(f"{k}: {v}" for k, v in sorted(Counter(r["tries"] for r in asked).items())))
+print("  requests per trajectory:       " + ", ".join(f"{k}: {v}" for k, v in sorted(Counter(len(r["attempts"]) for r in asked).items())))
+n_val = sum(ex["split"] == "val" for ex in sft)
+print(f"SFT dataset {sft_path}: {len(sft)} examples ({len(sft) - n_val} train, {n_val} val)")
+for outcome in ("success", "failure"):  # one example skill of each kind, for the reader
+    ex = next((r for r in records if r["status"] == "parsed" and r["outcome"] == outcome), None)
+    if ex:
+        print(f"  e.g. {outcome}: {ex['episode_skill']!r}  (python annotate.py --trace sft-{ex['id'][4:]} --sft {sft_path})")
+print(f"this run: {len(todo) + len(skipped)} trajectories in {elapsed:.1f}s "
+      f"({60 * len(todo) / max(elapsed, 1e-9):.1f} trajectories/min asked)")
+manifest["summary"] = {"records": len(records), "status": dict(status), "sft_examples": len(sft), "sft_val": n_val,
+                       "elapsed_s": round(elapsed, 1)}
+write_manifest(manifest_path, manifest)

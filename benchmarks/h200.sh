@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU runs behind the README's "Performance" and "The chain on a real model" sections, on one H200 with
+# the device bundles installed (vLLM 0.24.0, alfworld 0.4.2, Qwen2.5-Coder-0.5B-Instruct, the assets):
+#
+#   bash benchmarks/h200.sh A   # collect -> annotate (the model analyzes its own episodes) -> short SFT;
+#                               # then the trainer-step benchmark (Qwen2.5-1.5B shape, random weights)
+#   bash benchmarks/h200.sh B   # seed_rl.py SEED then GRPO (the paper's per-GPU share of an update);
+#                               # then the rollout benchmark (vLLM direct vs the project's backend vs HF)
+#
+# Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
+# to $OUT (the device tool brings that folder back) as one tarball per part.
+set -u
+RUN=${RUN:-/tmp/seed-run}
+OUT=${OUT:-$RUN/out}
+M=${QWEN_CODER_DIR:-/tmp/models/qwen2.5-coder-0.5b-instruct}
+mkdir -p "$RUN/logs" "$OUT"
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+PY=${PY:-python3}
+TORCHRUN="$PY -m torch.distributed.run --standalone --nproc_per_node 1"
+
+step() {  # step NAME TIMEOUT_S CMD...: run, log, time, never abort the part
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "== $name: $*" | tee -a "$RUN/logs/steps.txt"
+  timeout "$limit" "$@" > "$RUN/logs/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in $((SECONDS - t0))s" | tee -a "$RUN/logs/steps.txt"
+  tail -n 25 "$RUN/logs/$name.log"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RUN/logs/gpu.txt"
+$PY -c "import torch, transformers, vllm; print('torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)" | tee -a "$RUN/logs/gpu.txt"
+
+case "${1:-}" in
+A)  # Stage 1 on the real 0.5B model, then the trainer-step benchmark
+  mkdir -p "$RUN/stage1" "$RUN/perf"
+  step collect 150 $PY collect.py --model "$M" --backend vllm --split train --tasks-per-type 1 --rollouts 2 \
+      --workers 12 --gpu-memory-utilization 0.6 --out "$RUN/stage1/traj.jsonl"
+  step annotate 150 $PY annotate.py --trajectories "$RUN/stage1/traj.jsonl" --out "$RUN/stage1/skills.jsonl" \
+      --analyzer local --model "$M" --backend vllm --gpu-memory-utilization 0.6
+  step sft 120 $TORCHRUN sft.py --model "$M" --data "$RUN/stage1/skills.sft.jsonl" --out "$RUN/sft" --epochs 2 \
+      --save-dtype bfloat16
+  step trainer_step 150 $PY benchmarks/trainer_step.py --json "$RUN/perf/trainer_step.json"
+  cp "$RUN/sft/metrics.jsonl" "$RUN/stage1/sft_metrics.jsonl" 2>/dev/null
+  tar -czf "$OUT/A.tar.gz" -C "$RUN" stage1 perf logs
+  ;;
+B)  # Stage 2 (SEED, then GRPO) from the Stage 1 checkpoint, then the rollout benchmark
+  INIT=$RUN/sft; [ -f "$INIT/config.json" ] || INIT=$M  # without a Stage 1 checkpoint: the base model
+  # the paper's ALFWorld update on one of 8 GPUs: 16 tasks x 8 rollouts / 8 ranks = 2 groups of 8 here
+  COMMON="--env alfworld --model $INIT --tasks-per-update 2 --group-size 8 --workers 16 --save-every 100 --dump-examples 8"
+  step seed 270 $TORCHRUN seed_rl.py $COMMON --updates ${SEED_UPDATES:-2} --out "$RUN/seed"
+  step grpo 170 $TORCHRUN seed_rl.py $COMMON --updates ${GRPO_UPDATES:-2} --opd-coef 0 --out "$RUN/grpo"
+  mkdir -p "$RUN/perf"
+  step rollout 130 $PY benchmarks/rollout.py --json "$RUN/perf/rollout.json"
+  tar -czf "$OUT/B.tar.gz" -C "$RUN" seed/metrics.jsonl seed/examples.jsonl seed/seed_manifest.json \
+      grpo/metrics.jsonl grpo/seed_manifest.json perf logs
+  ;;
+*) echo "usage: $0 A|B"; exit 2 ;;
+esac

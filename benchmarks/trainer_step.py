@@ -1,0 +1,161 @@
+"""Trainer step throughput and memory: the project's path vs a plain bf16 Hugging Face step, same shape.
+
+    python benchmarks/trainer_step.py                       # Qwen2.5-1.5B shape, 8 x 1,536 tokens (GPU)
+    python benchmarks/trainer_step.py --config tiny --batch 2 --seq 128 --steps 2   # CPU smoke run
+
+Random weights with the official config (../shared/assets/qwen2.5-configs, or $SHARED). Three measurements:
+  reference  plain HF: bf16 parameters, model(input_ids, labels).loss, backward, AdamW (foreach)
+  project    seed_rl.py's step: FSDP2 fully_shard (world size 1), fp32 master weights + bf16 compute,
+             log-probs of the sampled tokens through the chunked `token_logprobs`, SEED's loss, backward,
+             grad clip, AdamW
+  log-probs  peak memory of forward+backward for the log-probs of a micro-batch: full fp32 logits
+             [tokens, vocab] at once vs the chunked path
+Prints a table and writes JSON (--json). Not a test: timings are reported, never asserted.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from envs.backends import shared_dir, tiny_config  # noqa: E402
+from envs.training import init_distributed, response_select, shard_model, make_batch  # noqa: E402
+from seed_rl import seed_loss  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--config", default="Qwen2.5-1.5B-Instruct", help="a folder name under assets/qwen2.5-configs, a path, or tiny")
+p.add_argument("--batch", type=int, default=8)
+p.add_argument("--seq", type=int, default=1536)
+p.add_argument("--steps", type=int, default=5)
+p.add_argument("--warmup", type=int, default=2)
+p.add_argument("--peak-tflops", type=float, default=790.0, help="measured bf16 matmul rate of the H200 here")
+p.add_argument("--json", default=None)
+args = p.parse_args()
+
+rank, world, device = init_distributed()
+on_gpu = device.type == "cuda"
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+if args.config == "tiny":
+    cfg = tiny_config()
+else:
+    path = args.config if os.path.isdir(args.config) else os.path.join(shared_dir(), "assets", "qwen2.5-configs", args.config)
+    cfg = AutoConfig.from_pretrained(path)
+cfg.use_cache = False
+torch.manual_seed(0)
+ids = torch.randint(0, 151643, (args.batch, args.seq), device=device)
+n_tokens = args.batch * args.seq
+sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+
+
+def peak_reset():
+    if on_gpu:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gib():
+    return torch.cuda.max_memory_allocated() / 2 ** 30 if on_gpu else float("nan")
+
+
+def timed(step):
+    for _ in range(args.warmup):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    sync()
+    return (time.perf_counter() - t0) / args.steps
+
+
+results = {"config": args.config, "batch": args.batch, "seq": args.seq, "device": torch.cuda.get_device_name() if on_gpu else "cpu"}
+
+# ---- reference: plain bf16 HF forward + backward + AdamW
+model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16 if on_gpu else torch.float32,
+                                         attn_implementation="sdpa").to(device)
+n_params = sum(p.numel() for p in model.parameters())
+opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+
+def ref_step():
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+peak_reset()
+t_ref = timed(ref_step)
+results["reference"] = {"s_per_step": t_ref, "tokens_per_s": n_tokens / t_ref, "peak_gib": peak_gib(),
+                        "mfu": 6 * n_params * n_tokens / t_ref / (args.peak_tflops * 1e12)}
+del model, opt
+peak_reset()
+
+# ---- project: FSDP2 (world size 1), fp32 master weights, bf16 compute, chunked log-probs, SEED loss
+model = shard_model(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").to(device), device)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
+batch = make_batch([row.tolist() for row in ids.cpu()], device)
+sel = response_select(batch, [(1, args.seq - 1)] * args.batch)  # every position predicts a scored token
+zeros = torch.zeros(sel.shape, device=device)
+
+
+def project_step():
+    lp = model.token_logprobs(batch["input_ids"], batch["targets"], sel, attention_mask=batch["attention_mask"])
+    m = sel.float()
+    loss, _ = seed_loss(lp, lp.detach(), lp.detach(), lp.detach() + 0.1, zeros + 0.5, m, m, float(m.sum()), float(m.sum()))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+peak_reset()
+t_proj = timed(project_step)
+results["project"] = {"s_per_step": t_proj, "tokens_per_s": n_tokens / t_proj, "peak_gib": peak_gib(),
+                      "mfu": 6 * n_params * n_tokens / t_proj / (args.peak_tflops * 1e12)}
+results["ratio_project_over_reference"] = t_ref / t_proj
+del opt
+
+# ---- log-prob memory: full fp32 logits for the micro-batch vs chunked
+def full_logprobs():
+    h = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    logits = model.lm_head(h).float()  # [B, T, V] fp32: 8 x 1,536 x 151,936 x 4 bytes = 7.5 GB
+    return logits.log_softmax(-1).gather(-1, batch["targets"][..., None])[..., 0]
+
+
+def chunked_logprobs():
+    return model.token_logprobs(batch["input_ids"], batch["targets"], sel, attention_mask=batch["attention_mask"])
+
+
+mem = {}
+for name, fn in (("full_fp32_logits", full_logprobs), ("chunked", chunked_logprobs)):
+    model.zero_grad(set_to_none=True)
+    peak_reset()
+    base = torch.cuda.memory_allocated() / 2 ** 30 if on_gpu else float("nan")
+    try:
+        # full_logprobs bypasses the FSDP root forward, so unshard the root's parameters by hand
+        if name == "full_fp32_logits":
+            model.unshard()
+        (fn() * sel).sum().backward()
+        mem[name] = {"peak_gib": peak_gib(), "peak_over_base_gib": peak_gib() - base}
+    except Exception as e:  # an OOM is a result too
+        mem[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    finally:
+        model.reshard() if name == "full_fp32_logits" else None
+results["logprob_memory"] = mem
+
+# ---- report
+print(f"{'path':<10} {'s/step':>8} {'tok/s':>10} {'MFU':>6} {'peak GiB':>9}")
+for k in ("reference", "project"):
+    r = results[k]
+    print(f"{k:<10} {r['s_per_step']:>8.3f} {r['tokens_per_s']:>10.0f} {100 * r['mfu']:>5.1f}% {r['peak_gib']:>9.1f}")
+print(f"project / reference throughput: {results['ratio_project_over_reference']:.3f}")
+for k, v in mem.items():
+    print(f"log-probs fwd+bwd, {k}: {v}")
+if args.json:
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=2)
+torch.distributed.destroy_process_group()

@@ -1,0 +1,232 @@
+"""envs/rollout.py: the multi-turn loop (prompt -> generate -> parse -> env -> records) on real ALFWorld games
+with the real Qwen2.5 tokenizer and chat template.
+
+One 2-worker EnvPool is shared by the module; the expert's 12-game run is played once and read by several
+tests. Scripted policies (below) answer with chosen texts to pin the reward rules and the end conditions.
+"""
+import json
+import re
+
+import pytest
+
+from envs.alfworld import INVALID_PENALTY, WIN_REWARD, select_games, walkthrough
+from envs.backends import ExpertPolicy, Generation, stop_token_ids
+from envs.pool import EnvPool
+from envs.records import read_jsonl
+from envs.rollout import format_summary, play_episodes, step_prompt, summarize_episodes
+from prompts import build_agent_prompt, chat_prompt, skill_block
+from prompts.agent import CLOSING, ROLE
+
+SEED = 2026
+HISTORY = 5
+SKILL = "First go to where such objects usually are, take it, then put it in or on the target."
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with EnvPool("envs.alfworld:make_alfworld_game", num_workers=2) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def games():
+    return select_games("valid_seen", SEED, tasks_per_type=2)  # 12 games, 2 per type
+
+
+@pytest.fixture(scope="module")
+def expert_run(pool, games, tokenizer):
+    """The full loop with the scripted expert: paper settings (30 steps, 5 history entries, 2,048 tokens)."""
+    episodes, timings = play_episodes(games, pool, ExpertPolicy(tokenizer), tokenizer, max_steps=30,
+                                      history=HISTORY, max_prompt_tokens=2048)
+    return episodes, timings
+
+
+class ScriptedPolicy:
+    """Answers episode `uid` at step t with scripts[uid][t] (the last entry repeats)."""
+
+    def __init__(self, tokenizer, scripts):
+        self.tok, self.scripts = tokenizer, scripts
+        self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def generate(self, prompts, *, contexts, **sampling):
+        out = []
+        for ep in contexts:
+            script = self.scripts[ep["uid"]]
+            text = script[min(len(ep["steps"]), len(script) - 1)]
+            out.append(Generation(self.tok(text, add_special_tokens=False)["input_ids"] + [self.eos], text, "stop"))
+        return out
+
+
+def _prompt_len(tokenizer, ep, t, k):
+    """Token count of step t's (0-based) templated prompt with its last k history entries, rebuilt here from
+    the recorded steps (independently of envs.rollout.step_prompt)."""
+    s = ep["steps"]
+    hist = [(s[j]["observation"], s[j]["executed"]) for j in range(t - k, t)]
+    user = build_agent_prompt(s[t]["observation"], s[t]["admissible"], step=t + 1, task=ep["task"], history=hist)
+    return len(chat_prompt(tokenizer, user)[1])
+
+
+# ----------------------------------------------------------------------------------------------------
+# The expert through the full loop
+
+def test_expert_wins_through_the_full_loop(expert_run, games):
+    episodes, timings = expert_run
+    assert [ep["task_id"] for ep in episodes] == [g["task_id"] for g in games]
+    assert all(ep["env_failure"] is None and not ep["prompt_too_long"] for ep in episodes)
+    wins = sum(ep["success"] for ep in episodes)
+    assert wins >= 0.95 * len(episodes), [(ep["task_id"], ep["length"]) for ep in episodes if not ep["success"]]
+    summary = summarize_episodes(episodes)
+    assert summary["All"]["episodes"] == 12 and summary["env_failures"] == 0 and summary["prompt_too_long"] == 0
+    assert all(summary[t]["episodes"] == 2 for t in ("Pick", "Look", "Clean", "Heat", "Cool", "Pick2"))
+    assert summary["All"]["invalid_rate"] == 0.0
+    assert "All" in format_summary(summary) and set(timings) == {"reset", "generate", "parse", "env"}
+
+
+def test_expert_records_and_rewards(expert_run, tokenizer):
+    episodes, _ = expert_run
+    for ep in episodes:
+        plan = walkthrough(ep["game_file"])
+        assert ep["task"] and ep["task"][:-1] in ep["steps"][0]["observation"]
+        if not ep["success"]:
+            continue
+        # the game ends at the winning step: exactly the walkthrough, every step valid
+        assert [s["action"] for s in ep["steps"]] == plan and ep["length"] == len(plan)
+        assert [s["reward"] for s in ep["steps"]] == [0.0] * (len(plan) - 1) + [WIN_REWARD]
+        assert ep["return"] == WIN_REWARD
+        assert [s["done"] for s in ep["steps"]] == [False] * (len(plan) - 1) + [True]
+        assert [s["won"] for s in ep["steps"]] == [False] * (len(plan) - 1) + [True]
+        for t, s in enumerate(ep["steps"]):
+            assert s["step"] == t + 1 and s["valid"] and s["invalid_reason"] == "" and s["executed"] == s["action"]
+            assert s["action"] in s["admissible"] and "help" not in s["admissible"] and "'help'" not in s["prompt"]
+            assert s["history_used"] == min(HISTORY, t)
+            # each step's observation is the previous step's feedback
+            if t:
+                assert s["observation"] == ep["steps"][t - 1]["feedback"]
+            # the record rebuilds its own prompt exactly (what Stage 2 does to insert a skill)
+            text, ids = chat_prompt(tokenizer, step_prompt(ep, t, s["history_used"]))
+            assert text == s["prompt"] and ids == s["prompt_ids"]
+            # ... and its skill-augmented twin differs by exactly the block, after the task line (step 1:
+            # before the closing instruction, although the first observation holds "Your task is to:")
+            plain, teach = step_prompt(ep, t, s["history_used"]), step_prompt(ep, t, s["history_used"], SKILL)
+            at = plain.index(CLOSING) if t == 0 else plain.index("\n") + 1
+            assert teach == plain[:at] + skill_block(SKILL) + plain[at:]
+            assert t == 0 or plain[:at] == f"{ROLE} Your task is to: {ep['task']}\n"
+            assert tokenizer.decode(s["response_ids"], skip_special_tokens=True) == s["response"]
+            assert s["response_ids"][-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    json.dumps(episodes)  # records are plain JSON
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reward, return, success, end conditions (scripted answers on real games)
+
+def test_rewards_returns_and_max_steps(pool, games, tokenizer):
+    win_game, idle_game = games[0], games[2]  # one reset per worker
+    plan = walkthrough(win_game["game_file"])
+    max_steps = len(plan) + 4
+    act = lambda a, think=True: (f"<think>next: {a}</think>" if think else "") + f"<action>{a}</action>"
+    scripts = {
+        # two invalid steps that change nothing, the plan, and the winning action without think tags
+        "win": [act("fly to the moon"), "I would rather wait here.", *[act(a) for a in plan[:-1]],
+                act(plan[-1], think=False)],
+        # valid and invalid steps in turn, never winning: ends at max_steps
+        "idle": [act("look"), act("jump")] * max_steps,
+    }
+    specs = [dict(win_game, uid="win"), dict(idle_game, uid="idle")]
+    (win, idle), _ = play_episodes(specs, pool, ScriptedPolicy(tokenizer, scripts), tokenizer, max_steps=max_steps)
+
+    # invalid steps cost 0.1 at that step; a win gives 10 at that step (also when that step is invalid)
+    assert [s["invalid_reason"] for s in win["steps"]] == \
+        ["not_admissible", "no_action_tags"] + [""] * (len(plan) - 1) + ["no_think_tags"]
+    assert [s["executed"] for s in win["steps"][:2]] == ["fly to the moon", "I would rather wait here."]
+    assert [s["feedback"] for s in win["steps"][:2]] == ["Nothing happens.", "Nothing happens."]
+    expected = [-INVALID_PENALTY, -INVALID_PENALTY] + [0.0] * (len(plan) - 1) + [WIN_REWARD - INVALID_PENALTY]
+    assert [s["reward"] for s in win["steps"]] == pytest.approx(expected)
+    assert win["return"] == pytest.approx(sum(expected)) == pytest.approx(10 - 3 * 0.1)
+    assert win["success"] and win["length"] == len(plan) + 2 < max_steps and win["steps"][-1]["done"]
+
+    # max steps ends the episode: exactly max_steps steps, the last one done, no win; return = sum
+    assert idle["length"] == len(idle["steps"]) == max_steps and not idle["success"] and idle["env_failure"] is None
+    assert [s["done"] for s in idle["steps"]] == [False] * (max_steps - 1) + [True]
+    assert not any(s["won"] for s in idle["steps"])
+    assert [s["valid"] for s in idle["steps"]] == [t % 2 == 0 for t in range(max_steps)]
+    assert [s["reward"] for s in idle["steps"]] == pytest.approx([0.0 if t % 2 == 0 else -INVALID_PENALTY
+                                                                  for t in range(max_steps)])
+    assert idle["return"] == pytest.approx(-INVALID_PENALTY * (max_steps // 2))
+    assert all(s["feedback"] == "Nothing happens." for s in idle["steps"][1::2])
+    summary = summarize_episodes([win, idle])
+    assert summary["All"]["success"] == 0.5
+    assert summary["All"]["invalid_rate"] == pytest.approx((3 + max_steps // 2) / (win["length"] + max_steps))
+
+
+# ----------------------------------------------------------------------------------------------------
+# History truncation under a small prompt limit
+
+def test_history_truncation_keeps_prompts_under_the_limit(pool, expert_run, tokenizer):
+    episodes, _ = expert_run
+    ref = max((ep for ep in episodes if ep["success"]), key=lambda ep: ep["length"])  # the longest win
+    T = ref["length"]
+    lens = [[_prompt_len(tokenizer, ref, t, k) for k in range(min(HISTORY, t) + 1)] for t in range(T)]
+    limit = max(row[0] for row in lens)  # the smallest limit at which every step fits without history
+    want_k = [max(k for k, n in enumerate(row) if n <= limit) for row in lens]
+    assert any(k < min(HISTORY, t) for t, k in enumerate(want_k)), "test setup: the limit forces no truncation"
+
+    [ep], _ = play_episodes([ref], pool, ExpertPolicy(tokenizer), tokenizer, history=HISTORY,
+                            max_prompt_tokens=limit)
+    assert ep["success"] and ep["length"] == T and not ep["prompt_too_long"]
+    assert [s["action"] for s in ep["steps"]] == [s["action"] for s in ref["steps"]]
+    assert all(len(s["prompt_ids"]) <= limit for s in ep["steps"])
+    got_k = [s["history_used"] for s in ep["steps"]]
+    assert got_k == want_k  # as much history as fits, no less
+    assert ep["history_truncations"] == sum(k < min(HISTORY, t) for t, k in enumerate(got_k))
+    for t, (s, k) in enumerate(zip(ep["steps"], got_k)):
+        if k == min(HISTORY, t):
+            continue
+        # the oldest entries are the ones dropped: the prompt shows exactly steps t-k+1..t (1-based) ...
+        shown = re.findall(r"\[Observation (\d+): '(.*?)', Action (\d+): '(.*?)'\]", s["prompt"], re.DOTALL)
+        assert [int(n) for n, _, _, _ in shown] == list(range(t - k + 1, t + 1))
+        assert [(o, a) for _, o, _, a in shown] == [(r["observation"], r["executed"]) for r in ref["steps"][t - k:t]]
+        assert f"[Observation {t - k}: " not in s["prompt"]
+        assert f"most recent {k} observations" in s["prompt"] and f"already taken {t} step(s)" in s["prompt"]
+        # ... and one more entry would not have fitted
+        assert _prompt_len(tokenizer, ref, t, k + 1) > limit
+
+
+def test_limit_below_the_bare_prompt_ends_the_episode(pool, games, tokenizer):
+    [ep], _ = play_episodes([games[1]], pool, ExpertPolicy(tokenizer), tokenizer, max_prompt_tokens=40)
+    assert ep["prompt_too_long"] and ep["steps"] == [] and ep["length"] == 0
+    assert not ep["success"] and ep["return"] == 0.0 and ep["env_failure"] is None
+    summary = summarize_episodes([ep])
+    assert summary["prompt_too_long"] == 1 and summary["All"]["episodes"] == 1 and summary["All"]["success"] == 0.0
+    assert "prompt over the limit" in format_summary(summary)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The chat template and the recorded token ids (collect.py's tiny random model, real Qwen2.5 tokenizer)
+
+def test_recorded_prompt_and_response_ids_round_trip(tiny_trajectories, tokenizer):
+    records = read_jsonl(tiny_trajectories)
+    assert len(records) == 6 and all(ep["steps"] for ep in records)
+    stops = set(stop_token_ids(tokenizer))
+    user_re = re.compile(r"<\|im_start\|>user\n(.*)<\|im_end\|>\n<\|im_start\|>assistant\n\Z", re.DOTALL)
+    n_steps = 0
+    for ep in records:
+        for t, s in enumerate(ep["steps"]):
+            n_steps += 1
+            # the templated prompt: Qwen's default system turn, one user turn, the generation prompt
+            assert s["prompt"].startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.")
+            assert s["prompt"].count("<|im_start|>") == 3
+            user = user_re.search(s["prompt"]).group(1)
+            assert user == step_prompt(ep, t, s["history_used"])
+            # ids <-> text both ways, and the same ids as the template's own tokenization
+            assert tokenizer.decode(s["prompt_ids"]) == s["prompt"]
+            assert tokenizer(s["prompt"], add_special_tokens=False)["input_ids"] == s["prompt_ids"]
+            templ = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=True,
+                                                  add_generation_prompt=True)
+            assert list(templ["input_ids"]) == s["prompt_ids"]
+            # the response: its ids decode to its text; a stop token only at the end; <= 16 new tokens
+            ids = s["response_ids"]
+            assert 0 < len(ids) <= 16
+            assert tokenizer.decode(ids, skip_special_tokens=True) == s["response"]
+            assert not stops & set(ids[:-1])
+            assert s["truncated"] == (ids[-1] not in stops) and s["truncated"] == (len(ids) == 16 and ids[-1] not in stops)
+    assert n_steps >= 6
