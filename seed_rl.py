@@ -265,7 +265,8 @@ def main():
             if args.backend == "vllm" else HFBackend(load_model(args.analyzer_model, device=device), load_tokenizer(args.analyzer_model))
     stream = rl_task_stream(args.seed, args.tasks_per_update, args.updates)
     my_groups = list(range(rank, args.tasks_per_update, world))  # each rank plays its share of the groups
-    n_workers = args.workers or max(1, min(len(my_groups) * args.group_size, (os.cpu_count() or 2) // world))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks sharing this node's CPU cores
+    n_workers = args.workers or max(1, min(len(my_groups) * args.group_size, (os.cpu_count() or 2) // local_world))
     pool = EnvPool("envs.alfworld:make_alfworld_game", num_workers=n_workers)
 
     # ------------------------------------------------------------------------------------------------
@@ -477,11 +478,11 @@ def main():
                        **{k: max(g["mem"][k] for g in gathered) for k in mem}}  # the fullest rank
             metrics["loss/total"] = metrics["loss/pg"] + args.kl_coef * metrics["loss/kl"] + \
                 args.opd_coef * (metrics["loss/opd"] or 0.0)
-            print0(f"update {update + 1}/{args.updates} | success {metrics['rollout/success_rate']:.3f} "
-                   f"len {metrics['rollout/episode_length']:.1f} | pg {metrics['loss/pg']:.4f} kl {metrics['loss/kl']:.5f} "
-                   f"opd {metrics['loss/opd'] if metrics['loss/opd'] is None else round(metrics['loss/opd'], 4)} "
-                   f"gate {metrics['opd/gate_mean'] if metrics['opd/gate_mean'] is None else round(metrics['opd/gate_mean'], 3)} "
-                   f"cover {metrics['opd/teacher_coverage']} | {tm['update']:.1f}s")
+            g = lambda k: "-" if metrics[k] is None else f"{metrics[k]:.4g}"
+            print0(f"update {update + 1}/{args.updates} | success {g('rollout/success_rate')} len "
+                   f"{g('rollout/episode_length')} invalid {g('rollout/invalid_rate')} | pg {g('loss/pg')} kl "
+                   f"{g('loss/kl')} opd {g('loss/opd')} gate {g('opd/gate_mean')} cover {g('opd/teacher_coverage')} "
+                   f"parse {g('skill/parse_rate')} | {tm['update']:.1f}s")
             # plain vs skill scores of the same sampled actions, so a reader can *see* the signal
             for s in [s for s in samples if s["teacher_mask"]][:args.dump_examples]:
                 toks = [tokenizer.decode([t]) for t in s["response_ids"]]
