@@ -151,11 +151,13 @@ def score(model, seqs, micro_batch, device, packed):
     """Response-token log-probs of every sequence (list of 1-D CPU tensors), micro-batched with the same
     number of forwards on every rank (empty parts run a dummy)."""
     n_micro = agreed_max(math.ceil(len(seqs) / micro_batch), device)
-    out = []
-    for part in split_even(seqs, max(n_micro, 1)):
-        lp, batch, _ = micro_batch_logprobs(model, part or [DUMMY], device, packed)
-        if part:
-            out += [x.float().cpu() for x in gather_response(lp, batch, [(p, r) for _, p, r in part])]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))  # similar lengths together: less padding
+    out = [None] * len(seqs)
+    for part in split_even(order, max(n_micro, 1)):
+        chunk = [seqs[i] for i in part]
+        lp, batch, _ = micro_batch_logprobs(model, chunk or [DUMMY], device, packed)
+        for i, x in zip(part, gather_response(lp, batch, [(p, r) for _, p, r in chunk])):
+            out[i] = x.float().cpu()
     return out
 
 
@@ -402,6 +404,7 @@ def main():
             n_tok, n_teach = global_sum([sum(len(s["response_ids"]) for s in part),
                                          sum(len(s["response_ids"]) * s["teacher_mask"] for s in part)], device)
             n_micro = agreed_max(math.ceil(len(part) / args.micro_batch), device)
+            part.sort(key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))  # less padding; the sum is order-free
             for micro in split_even(part, max(n_micro, 1)):
                 seqs = [(s["prompt_ids"] + s["response_ids"], len(s["prompt_ids"]), len(s["response_ids"])) for s in micro]
                 lp, batch, sel = micro_batch_logprobs(policy, seqs or [DUMMY], device, packed)

@@ -103,7 +103,7 @@ zeros = torch.zeros(sel.shape, device=device)
 
 
 def project_step():
-    lp = model.token_logprobs(batch["input_ids"], batch["targets"], sel, attention_mask=batch["attention_mask"])
+    lp = model.token_logprobs(batch["input_ids"], batch["targets"], sel, attention_mask=batch.get("attention_mask"))
     m = sel.float()
     loss, _ = seed_loss(lp, lp.detach(), lp.detach(), lp.detach() + 0.1, zeros + 0.5, m, m, float(m.sum()), float(m.sum()))
     loss.backward()
@@ -121,13 +121,13 @@ del opt
 
 # ---- log-prob memory: full fp32 logits for the micro-batch vs chunked
 def full_logprobs():
-    h = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    h = model.model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).last_hidden_state
     logits = model.lm_head(h).float()  # [B, T, V] fp32: 8 x 1,536 x 151,936 x 4 bytes = 7.5 GB
     return logits.log_softmax(-1).gather(-1, batch["targets"][..., None])[..., 0]
 
 
 def chunked_logprobs():
-    return model.token_logprobs(batch["input_ids"], batch["targets"], sel, attention_mask=batch["attention_mask"])
+    return model.token_logprobs(batch["input_ids"], batch["targets"], sel, attention_mask=batch.get("attention_mask"))
 
 
 mem = {}

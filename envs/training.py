@@ -135,7 +135,8 @@ def make_batch(seqs, device, packed=False, pad_id=0):
             ids[i, :len(s)] = torch.tensor(s)
             mask[i, :len(s)] = 1
         starts = [(i, 0) for i in range(len(seqs))]
-        batch = dict(input_ids=ids, attention_mask=mask)
+        # no padding at all: no mask, so SDPA can take its fused causal kernel instead of a masked one
+        batch = dict(input_ids=ids) if bool(mask.all()) else dict(input_ids=ids, attention_mask=mask)
     batch["targets"] = torch.roll(batch["input_ids"], -1, dims=1)
     batch = {k: v.to(device) for k, v in batch.items()}
     batch["starts"] = starts
