@@ -391,7 +391,6 @@ def main():
             seen[s["group"]] = seen.get(s["group"], 0) + 1
         n_global = sum(counts)
         perm = torch.randperm(n_global, generator=torch.Generator().manual_seed(args.seed * 7919 + update)).tolist()
-        pos = {gid: i for i, gid in enumerate(perm)}
         by_gid = {s["gid"]: s for s in samples}
         n_mini = max(1, math.ceil(n_global / args.mini_batch))
         totals = dict.fromkeys(["pg", "kl", "opd", "gate", "gate_active", "gap", "clipped", "ratio", "tokens", "teacher_tokens"], 0.0)
@@ -399,12 +398,12 @@ def main():
         grad_norms = []
         policy.train()
         for i in range(n_mini):
-            part = sorted((by_gid[g] for g in perm[i * args.mini_batch:(i + 1) * args.mini_batch] if g in by_gid),
-                          key=lambda s: pos[s["gid"]])
+            part = [by_gid[g] for g in perm[i * args.mini_batch:(i + 1) * args.mini_batch] if g in by_gid]
             n_tok, n_teach = global_sum([sum(len(s["response_ids"]) for s in part),
                                          sum(len(s["response_ids"]) * s["teacher_mask"] for s in part)], device)
             n_micro = agreed_max(math.ceil(len(part) / args.micro_batch), device)
-            part.sort(key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))  # less padding; the sum is order-free
+            # similar lengths in one micro-batch: less padding (the loss is a sum, so the order is free)
+            part.sort(key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
             for micro in split_even(part, max(n_micro, 1)):
                 seqs = [(s["prompt_ids"] + s["response_ids"], len(s["prompt_ids"]), len(s["response_ids"])) for s in micro]
                 lp, batch, sel = micro_batch_logprobs(policy, seqs or [DUMMY], device, packed)
