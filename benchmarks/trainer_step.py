@@ -87,10 +87,15 @@ def ref_step():
     opt.zero_grad(set_to_none=True)
 
 
-peak_reset()
-t_ref = timed(ref_step)
-results["reference"] = {"s_per_step": t_ref, "tokens_per_s": n_tokens / t_ref, "peak_gib": peak_gib(),
-                        "mfu": 6 * n_params * n_tokens / t_ref / (args.peak_tflops * 1e12)}
+def measure(step):
+    """Seconds per step (after warm-up), tokens/s, peak memory and MFU (6 x params x tokens / peak)."""
+    peak_reset()
+    t = timed(step)
+    return {"s_per_step": t, "tokens_per_s": n_tokens / t, "peak_gib": peak_gib(),
+            "mfu": 6 * n_params * n_tokens / t / (args.peak_tflops * 1e12)}
+
+
+results["reference"] = measure(ref_step)
 del model, opt
 peak_reset()
 
@@ -112,11 +117,8 @@ def project_step():
     opt.zero_grad(set_to_none=True)
 
 
-peak_reset()
-t_proj = timed(project_step)
-results["project"] = {"s_per_step": t_proj, "tokens_per_s": n_tokens / t_proj, "peak_gib": peak_gib(),
-                      "mfu": 6 * n_params * n_tokens / t_proj / (args.peak_tflops * 1e12)}
-results["ratio_project_over_reference"] = t_ref / t_proj
+results["project"] = measure(project_step)
+results["ratio_project_over_reference"] = results["reference"]["s_per_step"] / results["project"]["s_per_step"]
 del opt
 
 # ---- log-prob memory: full fp32 logits for the micro-batch vs chunked
