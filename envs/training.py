@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
-from torch.utils.checkpoint import checkpoint
 
 from envs.backends import clean_param_name
 
@@ -66,18 +65,59 @@ def shard_model(model, device, *, train=True, activation_checkpointing=False):
     return model
 
 
-def _chunk_logprobs(hidden, weight, targets):
-    logits = (hidden @ weight.t()).float()  # [C, V]: fp32 for one chunk only
-    return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
+def adamw_impl(device):
+    """AdamW's implementation: on GPU the fused kernel (one launch for all parameters; DTensor supports it),
+    which saves the per-step dispatch of the foreach path over FSDP2's DTensors. On CPU, PyTorch's default."""
+    return {"fused": True} if device.type == "cuda" else {}
+
+
+class _TokenLogprob(torch.autograd.Function):
+    """lp[i] = log_softmax(h[i] @ W^T)[tgt[i]] for N rows, one chunk of rows at a time.
+
+    No [N, V] block ever exists, and none of [chunk, V] is kept for backward: forward saves only h, W, tgt;
+    backward recomputes one chunk's logits at a time and applies the closed-form gradient
+        d lp_i / d logits_i = g_i * (onehot(tgt_i) - softmax(logits_i))  =: G_i    [C, V]
+        grad_h[chunk] = G @ W        grad_W += G^T @ h[chunk]   (accumulated in place, no per-chunk copies)
+    Logits are in the compute dtype (bf16 on GPU, like vLLM's); softmax statistics in fp32 (or fp64 when
+    h is fp64, for gradcheck).
+    """
+
+    @staticmethod
+    def forward(ctx, h, w, tgt, chunk):
+        acc = torch.promote_types(h.dtype, torch.float32)
+        lp = torch.empty(h.shape[0], dtype=acc, device=h.device)  # [N]
+        for s in range(0, h.shape[0], chunk):
+            logits = h[s:s + chunk] @ w.t()  # [C, V]
+            lp[s:s + chunk] = torch.log_softmax(logits, -1, dtype=acc).gather(-1, tgt[s:s + chunk, None])[:, 0]
+        ctx.save_for_backward(h, w, tgt)
+        ctx.chunk = chunk
+        return lp
+
+    @staticmethod
+    def backward(ctx, g):  # g: [N], the loss's gradient w.r.t. each log-prob
+        h, w, tgt = ctx.saved_tensors
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(w) if ctx.needs_input_grad[1] else None
+        for s in range(0, h.shape[0], ctx.chunk):
+            hc, gc = h[s:s + ctx.chunk], g[s:s + ctx.chunk]
+            G = torch.softmax(hc @ w.t(), -1, dtype=g.dtype)  # [C, V] fp32
+            G.mul_(-gc[:, None])
+            G[torch.arange(len(hc), device=h.device), tgt[s:s + ctx.chunk]] += gc
+            G = G.to(h.dtype)
+            if grad_h is not None:
+                torch.mm(G, w, out=grad_h[s:s + ctx.chunk])  # [C, H]
+            if grad_w is not None:
+                grad_w.addmm_(G.t(), hc)  # [V, H]
+        return grad_h, grad_w, None, None
 
 
 def _token_logprobs(self, input_ids, targets, select, attention_mask=None, position_ids=None, chunk_size=1024):
     """log p(targets[b, t] | input_ids[b, :t+1]) at the positions where `select` is True, 0 elsewhere.
 
     input_ids, targets, select: [B, T] (targets = input_ids shifted left by one). Only selected positions
-    go through the LM head, in chunks of `chunk_size` tokens; with grad enabled each chunk is
-    recomputed in backward (checkpoint), so at most one [chunk, vocab] fp32 block is alive at a time
-    instead of [B*T, vocab] (8 x 1,536 tokens x 151,936 x 4 bytes = 7.5 GB).
+    go through the LM head, in chunks of `chunk_size` tokens (`_TokenLogprob`), so at most one
+    [chunk, vocab] fp32 block is alive at a time instead of [B*T, vocab] (8 x 1,536 tokens x 151,936 x
+    4 bytes = 7.5 GB), in forward and in backward.
     """
     # use_cache=False explicitly: save_hf_checkpoint sets config.use_cache=True (for inference), which would
     # otherwise make every later training forward build a KV cache
@@ -86,14 +126,7 @@ def _token_logprobs(self, input_ids, targets, select, attention_mask=None, posit
     idx = select.reshape(-1).nonzero()[:, 0]  # [N] selected flat positions
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)  # [N, H]
     tgt = targets.reshape(-1).index_select(0, idx)  # [N]
-    w = self.lm_head.weight
-    parts = []
-    for s in range(0, h.shape[0], chunk_size):
-        if torch.is_grad_enabled():
-            parts.append(checkpoint(_chunk_logprobs, h[s:s + chunk_size], w, tgt[s:s + chunk_size], use_reentrant=False))
-        else:
-            parts.append(_chunk_logprobs(h[s:s + chunk_size], w, tgt[s:s + chunk_size]))
-    lp = torch.cat(parts) if parts else h.new_zeros(0, dtype=torch.float32)
+    lp = _TokenLogprob.apply(h, self.lm_head.weight, tgt, chunk_size)  # [N] fp32
     # out-of-place scatter back to [B, T] (an FSDP output must not be a view: see FSDP2's pre-backward hook)
     return torch.zeros(input_ids.shape, dtype=torch.float32, device=lp.device).masked_scatter(select, lp)
 

@@ -227,3 +227,43 @@ def test_opd_moves_plain_policy_toward_skill_context(tokenizer):
         plain1, gap1 = lp(plain, a).sum().item(), (lp(skill, a) - lp(plain, a)).sum().item()
     assert plain1 > plain0 + 1.0, (plain0, plain1)  # A became more likely under the plain prompt
     assert gap1 < gap0 - 1.0, (gap0, gap1)  # and the plain policy moved toward the skill-aware one
+
+
+# ---------------------------------------------------------------------------------------------------
+# Log-probs of given tokens through the chunked LM head (envs/training.py): same values and gradients as
+# the full-logits computation, without a [tokens, vocab] block
+
+def test_chunked_token_logprob_gradcheck():
+    from envs.training import _TokenLogprob
+    torch.manual_seed(0)
+    h = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    tgt = torch.tensor([0, 3, 10, 3, 5, 1, 7])
+    lp = _TokenLogprob.apply(h, w, tgt, 3)  # chunks of 3, 3, 1 rows
+    want = (h @ w.t()).log_softmax(-1).gather(-1, tgt[:, None])[:, 0]
+    assert torch.allclose(lp, want, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda h, w: _TokenLogprob.apply(h, w, tgt, 3), (h, w))
+
+
+def test_token_logprobs_match_full_logits_values_and_parameter_grads():
+    from envs.backends import load_model
+    from envs.training import _token_logprobs, make_batch, response_select
+    model = load_model("tiny", seed=1)
+    seqs = [[5, 17, 99, 3, 42, 8, 8, 1000], [7, 7, 300, 12, 4]]
+    spans = [(3, 4), (2, 2)]
+    batch = make_batch(seqs, torch.device("cpu"))
+    sel = response_select(batch, spans)
+    weights = torch.randn(sel.shape)  # an arbitrary loss over the selected log-probs
+
+    lp = _token_logprobs(model, batch["input_ids"], batch["targets"], sel, attention_mask=batch["attention_mask"],
+                         chunk_size=2)  # 6 selected tokens -> 3 chunks
+    (lp * weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    full = logits.log_softmax(-1).gather(-1, batch["targets"][..., None])[..., 0] * sel
+    (full * weights).sum().backward()
+    assert torch.allclose(lp, full, atol=1e-5) and bool((lp[~sel] == 0).all())
+    for n, p in model.named_parameters():
+        assert (grads[n] - p.grad).abs().max() <= 1e-4 * p.grad.abs().max(), n  # fp32 summation-order noise
