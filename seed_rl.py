@@ -45,7 +45,7 @@ from envs.backends import (HFBackend, ScriptedAnalyzer, VLLMBackend, attn_implem
 from envs.pool import EnvPool
 from envs.records import append_jsonl, args_diff, open_jsonl_for_append, read_jsonl, run_manifest, write_manifest
 from envs.rollout import play_episodes, step_prompt
-from envs.training import (full_params, gather_response, init_distributed, make_batch, print0, response_select,
+from envs.training import (adamw_impl, full_params, gather_response, init_distributed, make_batch, print0, response_select,
                            save_hf_checkpoint, shard_model)
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis
 
@@ -245,7 +245,8 @@ def main():
     if args.kl_coef > 0:
         ref = shard_model(load_model(args.ref_model, device=device, seed=args.seed,
                                      dtype=torch.bfloat16 if on_gpu else torch.float32), device, train=False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.01)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.01,
+                              **adamw_impl(device))
     sync_dtype = torch.bfloat16 if on_gpu else torch.float32
 
     if args.backend == "vllm":

@@ -44,7 +44,7 @@ from tqdm import tqdm
 from envs.backends import load_model, load_tokenizer
 from envs.records import (append_jsonl, args_diff, open_jsonl_for_append, read_jsonl, run_manifest, sha256_file,
                           write_manifest)
-from envs.training import init_distributed, make_batch, print0, response_select, save_hf_checkpoint, shard_model
+from envs.training import adamw_impl, init_distributed, make_batch, print0, response_select, save_hf_checkpoint, shard_model
 from prompts import chat_prompt
 
 # The paper's settings (SPEC.md Stage 1, step 3); argparse defaults equal these.
@@ -197,7 +197,8 @@ packed = attn == "flash_attention_2" if args.packing == "auto" else args.packing
 model = shard_model(model, device, activation_checkpointing=args.activation_checkpointing)
 model.train()
 # betas (0.9, 0.95), weight decay 0.01 on every parameter: verl's SFT defaults (the paper states neither)
-optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay,
+                              **adamw_impl(device))
 pad_id = tokenizer.pad_token_id
 print0(f"model: {args.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, attention {attn}, "
        f"{'packed' if packed else 'padded'} micro-batches of {args.micro_batch}; {steps_per_epoch} steps per epoch, "
