@@ -7,7 +7,10 @@ Random weights with the official config (../shared/assets/qwen2.5-configs, or $S
   reference  plain HF: bf16 parameters, model(input_ids, labels).loss, backward, AdamW (foreach)
   project    seed_rl.py's step: FSDP2 fully_shard (world size 1), fp32 master weights + bf16 compute,
              log-probs of the sampled tokens through the chunked `token_logprobs`, SEED's loss, backward,
-             grad clip, AdamW
+             grad clip, AdamW (fused on GPU)
+  --ablate   the project step again with one knob changed: no grad clip, foreach AdamW, LM-head chunks of
+             4,096 rows, no resharding after forward
+  --profile  torch.profiler kernel tables of both steps (where the time goes)
   log-probs  peak memory of forward+backward for the log-probs of a micro-batch: full fp32 logits
              [tokens, vocab] at once vs the chunked path
 Prints a table and writes JSON (--json). Not a test: timings are reported, never asserted.
@@ -22,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from envs.backends import shared_dir, tiny_config  # noqa: E402
-from envs.training import init_distributed, response_select, shard_model, make_batch  # noqa: E402
+from envs.training import adamw_impl, init_distributed, response_select, shard_model, make_batch  # noqa: E402
 from seed_rl import seed_loss  # noqa: E402
 
 p = argparse.ArgumentParser()
@@ -33,6 +36,8 @@ p.add_argument("--steps", type=int, default=5)
 p.add_argument("--warmup", type=int, default=2)
 p.add_argument("--peak-tflops", type=float, default=790.0, help="measured bf16 matmul rate of the H200 here")
 p.add_argument("--json", default=None)
+p.add_argument("--ablate", action="store_true", help="also time the project step with one knob changed at a time")
+p.add_argument("--profile", default=None, help="write torch.profiler kernel tables of both paths to this folder")
 args = p.parse_args()
 
 rank, world, device = init_distributed()
@@ -80,6 +85,27 @@ n_params = sum(p.numel() for p in model.parameters())
 opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
 
 
+def profile(step, name):
+    """Kernel table of 3 steps (after warm-up) and the share of wall time the GPU was busy."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    for _ in range(args.warmup):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        sync()
+    wall = time.perf_counter() - t0
+    ka = prof.key_averages()
+    busy = sum(getattr(e, "self_device_time_total", 0) for e in ka if e.device_type.name == "CUDA") / 1e6
+    table = ka.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70)
+    os.makedirs(args.profile, exist_ok=True)
+    with open(os.path.join(args.profile, f"{name}.txt"), "w") as f:
+        f.write(f"wall {wall / 3:.4f} s/step (profiled), GPU kernel time {busy / 3:.4f} s/step\n{table}\n")
+    print(f"profile {name}: wall {wall / 3:.4f} s/step, GPU kernels {busy / 3:.4f} s/step")
+
+
 def ref_step():
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
@@ -96,29 +122,53 @@ def measure(step):
 
 
 results["reference"] = measure(ref_step)
+if args.profile:
+    profile(ref_step, "reference")
 del model, opt
 peak_reset()
 
 # ---- project: FSDP2 (world size 1), fp32 master weights, bf16 compute, chunked log-probs, SEED loss
 model = shard_model(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").to(device), device)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, **adamw_impl(device))
 batch = make_batch([row.tolist() for row in ids.cpu()], device)
 sel = response_select(batch, [(1, args.seq - 1)] * args.batch)  # every position predicts a scored token
 zeros = torch.zeros(sel.shape, device=device)
 
 
-def project_step():
-    lp = model.token_logprobs(batch["input_ids"], batch["targets"], sel, attention_mask=batch.get("attention_mask"))
+chunk = 1024  # rows of the LM head per chunk (seed_rl.py's default)
+
+
+def project_step(clip=True):
+    lp = model.token_logprobs(batch["input_ids"], batch["targets"], sel, attention_mask=batch.get("attention_mask"),
+                              chunk_size=chunk)
     m = sel.float()
     loss, _ = seed_loss(lp, lp.detach(), lp.detach(), lp.detach() + 0.1, zeros + 0.5, m, m, float(m.sum()), float(m.sum()))
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
 
 
 results["project"] = measure(project_step)
 results["ratio_project_over_reference"] = results["reference"]["s_per_step"] / results["project"]["s_per_step"]
+if args.profile:
+    profile(project_step, "project")
+
+# ---- ablations: the project step with one knob changed at a time (where does the gap to the reference go?)
+if args.ablate:
+    abl = {}
+    abl["no_grad_clip"] = measure(lambda: project_step(clip=False))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, foreach=True)
+    abl["adamw_foreach"] = measure(project_step)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, **adamw_impl(device))
+    chunk = 4096
+    abl["lm_head_chunk_4096"] = measure(project_step)
+    chunk = 1024
+    model.set_reshard_after_forward(False)  # keep bf16 layers gathered between forward and backward
+    abl["no_reshard_after_forward"] = measure(project_step)
+    model.set_reshard_after_forward(True)
+    results["ablations"] = {k: dict(v, ratio=results["reference"]["s_per_step"] / v["s_per_step"]) for k, v in abl.items()}
 del opt
 
 # ---- log-prob memory: full fp32 logits for the micro-batch vs chunked
@@ -155,6 +205,8 @@ for k in ("reference", "project"):
     r = results[k]
     print(f"{k:<10} {r['s_per_step']:>8.3f} {r['tokens_per_s']:>10.0f} {100 * r['mfu']:>5.1f}% {r['peak_gib']:>9.1f}")
 print(f"project / reference throughput: {results['ratio_project_over_reference']:.3f}")
+for k, r in results.get("ablations", {}).items():
+    print(f"  project, {k:<26} {r['s_per_step']:>8.3f} s {r['tokens_per_s']:>10.0f} tok/s {r['ratio']:.3f}x {r['peak_gib']:>6.1f} GiB")
 for k, v in mem.items():
     print(f"log-probs fwd+bwd, {k}: {v}")
 if args.json:
