@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU runs behind the README's "Performance" and "The chain on a real model" sections, on one H200 with
-# the device bundles installed (vLLM 0.24.0, alfworld 0.4.2, Qwen2.5-Coder-0.5B-Instruct, the assets):
+# the device bundles installed (vLLM 0.24.0, alfworld 0.4.2, Qwen2.5-Coder-0.5B-Instruct, the assets).
+# Three parts, each under 10 minutes, run back to back (B reads S1's checkpoint from $RUN):
 #
-#   bash benchmarks/h200.sh A   # collect -> annotate (the model analyzes its own episodes) -> short SFT;
-#                               # then the trainer-step benchmark (Qwen2.5-1.5B shape, random weights)
-#   bash benchmarks/h200.sh B   # seed_rl.py SEED then GRPO (the paper's per-GPU share of an update);
-#                               # then the rollout benchmark (vLLM direct vs the project's backend vs HF)
+#   bash benchmarks/h200.sh A    # trainer-step benchmark (Qwen2.5-1.5B shape, random weights, ablations),
+#                                # rollout benchmark (vLLM direct vs the project's backend vs HF generate)
+#   bash benchmarks/h200.sh S1   # Stage 1 on the real 0.5B model: collect -> annotate (the model analyzes its
+#                                # own episodes) -> short SFT; then engine-vs-trainer log-prob agreement
+#   bash benchmarks/h200.sh B    # seed_rl.py SEED, then GRPO (the paper's per-GPU share of an update)
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part.
@@ -32,7 +34,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 $PY -c "import torch, transformers, vllm; print('torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)" | tee -a "$RUN/logs/gpu.txt"
 
 case "${1:-}" in
-A)  # Stage 1 on the real 0.5B model, then the trainer-step benchmark
+A)  # performance: trainer step, rollout
+  mkdir -p "$RUN/perf"
+  step trainer_step 170 $PY benchmarks/trainer_step.py --ablate --json "$RUN/perf/trainer_step.json"
+  step rollout 240 $PY benchmarks/rollout.py --json "$RUN/perf/rollout.json"
+  tar -czf "$OUT/A.tar.gz" -C "$RUN" perf logs
+  ;;
+S1)  # Stage 1 on the real 0.5B model, then log-prob agreement on its prompts
   mkdir -p "$RUN/stage1" "$RUN/perf"
   step collect 150 $PY collect.py --model "$M" --backend vllm --split train --tasks-per-type 1 --rollouts 2 \
       --workers 12 --gpu-memory-utilization 0.6 --out "$RUN/stage1/traj.jsonl"
@@ -40,20 +48,20 @@ A)  # Stage 1 on the real 0.5B model, then the trainer-step benchmark
       --analyzer local --model "$M" --backend vllm --gpu-memory-utilization 0.6
   step sft 120 $TORCHRUN sft.py --model "$M" --data "$RUN/stage1/skills.sft.jsonl" --out "$RUN/sft" --epochs 2 \
       --save-dtype bfloat16
-  step trainer_step 150 $PY benchmarks/trainer_step.py --json "$RUN/perf/trainer_step.json"
+  INIT=$RUN/sft; [ -f "$INIT/config.json" ] || INIT=$M
+  step agreement 100 $TORCHRUN benchmarks/logprob_agreement.py --model "$INIT" --trajectories "$RUN/stage1/traj.jsonl" \
+      --json "$RUN/perf/logprob_agreement.json"
   cp "$RUN/sft/metrics.jsonl" "$RUN/stage1/sft_metrics.jsonl" 2>/dev/null
-  tar -czf "$OUT/A.tar.gz" -C "$RUN" stage1 perf logs
+  tar -czf "$OUT/S1.tar.gz" -C "$RUN" stage1 perf logs
   ;;
-B)  # Stage 2 (SEED, then GRPO) from the Stage 1 checkpoint, then the rollout benchmark
+B)  # Stage 2 (SEED, then GRPO) from the Stage 1 checkpoint
   INIT=$RUN/sft; [ -f "$INIT/config.json" ] || INIT=$M  # without a Stage 1 checkpoint: the base model
   # the paper's ALFWorld update on one of 8 GPUs: 16 tasks x 8 rollouts / 8 ranks = 2 groups of 8 here
   COMMON="--env alfworld --model $INIT --tasks-per-update 2 --group-size 8 --workers 16 --save-every 100 --dump-examples 8"
-  step seed 270 $TORCHRUN seed_rl.py $COMMON --updates ${SEED_UPDATES:-2} --out "$RUN/seed"
-  step grpo 170 $TORCHRUN seed_rl.py $COMMON --updates ${GRPO_UPDATES:-2} --opd-coef 0 --out "$RUN/grpo"
-  mkdir -p "$RUN/perf"
-  step rollout 130 $PY benchmarks/rollout.py --json "$RUN/perf/rollout.json"
+  step seed 260 $TORCHRUN seed_rl.py $COMMON --updates ${SEED_UPDATES:-3} --out "$RUN/seed"
+  step grpo 230 $TORCHRUN seed_rl.py $COMMON --updates ${GRPO_UPDATES:-3} --opd-coef 0 --out "$RUN/grpo"
   tar -czf "$OUT/B.tar.gz" -C "$RUN" seed/metrics.jsonl seed/examples.jsonl seed/seed_manifest.json \
-      grpo/metrics.jsonl grpo/seed_manifest.json perf logs
+      grpo/metrics.jsonl grpo/seed_manifest.json logs
   ;;
-*) echo "usage: $0 A|B"; exit 2 ;;
+*) echo "usage: $0 A|S1|B"; exit 2 ;;
 esac

@@ -45,7 +45,8 @@ tok = load_tokenizer("tiny")  # the real Qwen2.5 tokenizer
 cfg = tiny_config() if args.config == "tiny" else AutoConfig.from_pretrained(
     os.path.join(shared_dir(), "assets", "qwen2.5-configs", args.config))
 torch.manual_seed(0)
-model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+with device:  # random init straight on the GPU (a 1.5B init on the CPU takes tens of seconds)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
 if not args.skip_vllm:
     shutil.rmtree(args.model_dir, ignore_errors=True)
     model.save_pretrained(args.model_dir)
@@ -54,6 +55,22 @@ if not args.skip_vllm:
 g = torch.Generator().manual_seed(0)
 prompts = torch.randint(0, 151643, (args.prompts, args.prompt_len), generator=g).tolist()
 seeds = list(range(args.prompts))
+
+
+def report(res):
+    """Print what has been measured so far and rewrite the JSON: a run cut short still leaves its figures."""
+    for k in ("standalone", "project", "hf"):
+        if k in res:
+            print(f"{k:<11} {res[k]['generated_tokens']:>7} tokens in {res[k]['s']:7.2f}s = {res[k]['tokens_per_s']:9.0f} tok/s")
+    for k in ("ratio_project_over_standalone", "ratio_hf_over_standalone"):
+        if k in res:
+            print(f"{k}: {res[k]:.3f}")
+    sys.stdout.flush()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+
+
 res = {"config": args.config, "prompts": args.prompts, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
        "device": torch.cuda.get_device_name() if on_gpu else "cpu"}
 
@@ -74,6 +91,7 @@ if not args.skip_vllm:
         n = sum(len(o.outputs[0].token_ids) for o in outs) if name == "standalone" else sum(len(o.token_ids) for o in outs)
         res[name] = {"s": dt, "generated_tokens": n, "tokens_per_s": n / dt}
     res["ratio_project_over_standalone"] = res["project"]["tokens_per_s"] / res["standalone"]["tokens_per_s"]
+    report(res)
     del eng
     torch.cuda.empty_cache() if on_gpu else None
 
@@ -88,12 +106,5 @@ res["hf"] = {"prompts": args.hf_prompts, "s": dt, "generated_tokens": n, "tokens
 if "standalone" in res:
     res["ratio_hf_over_standalone"] = res["hf"]["tokens_per_s"] / res["standalone"]["tokens_per_s"]
 
-for k in ("standalone", "project", "hf"):
-    if k in res:
-        print(f"{k:<11} {res[k]['generated_tokens']:>7} tokens in {res[k]['s']:7.2f}s = {res[k]['tokens_per_s']:9.0f} tok/s")
-for k in ("ratio_project_over_standalone", "ratio_hf_over_standalone"):
-    if k in res:
-        print(f"{k}: {res[k]:.3f}")
-if args.json:
-    with open(args.json, "w") as f:
-        json.dump(res, f, indent=2)
+print('-- all measured')
+report(res)
