@@ -254,7 +254,8 @@ def main():
             raise SystemExit("--backend vllm needs a model folder (save the tiny model with sft.py first)")
         engine = VLLMBackend(args.model, tokenizer, max_model_len=max(args.analysis_max_len,
                              args.max_prompt_tokens + args.max_new_tokens), seed=args.seed,
-                             gpu_memory_utilization=args.gpu_memory_utilization)
+                             gpu_memory_utilization=args.gpu_memory_utilization,
+                             want_logprobs=True)  # for the engine-vs-trainer log-prob check of every update
         engine.sleep()
     else:  # an unsharded copy for HF generate, refreshed by the same per-parameter sync as vLLM
         engine = HFBackend(load_model(args.model, device=device, seed=args.seed,

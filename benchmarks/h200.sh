@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The GPU runs behind the README's "Performance" and "The chain on a real model" sections, on one H200 with
 # the device bundles installed (vLLM 0.24.0, alfworld 0.4.2, Qwen2.5-Coder-0.5B-Instruct, the assets).
-# Three parts, each under 10 minutes, run back to back (B reads S1's checkpoint from $RUN):
+# Four parts, each under 10 minutes, run back to back (B and C read S1's checkpoint from $RUN):
 #
 #   bash benchmarks/h200.sh A    # trainer-step benchmark (Qwen2.5-1.5B shape, random weights, ablations),
 #                                # rollout benchmark (vLLM direct vs the project's backend vs HF generate)
 #   bash benchmarks/h200.sh S1   # Stage 1 on the real 0.5B model: collect -> annotate (the model analyzes its
 #                                # own episodes) -> short SFT; then engine-vs-trainer log-prob agreement
-#   bash benchmarks/h200.sh B    # seed_rl.py SEED, then GRPO (the paper's per-GPU share of an update)
+#   bash benchmarks/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
+#   bash benchmarks/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part.
@@ -54,14 +55,15 @@ S1)  # Stage 1 on the real 0.5B model, then log-prob agreement on its prompts
   cp "$RUN/sft/metrics.jsonl" "$RUN/stage1/sft_metrics.jsonl" 2>/dev/null
   tar -czf "$OUT/S1.tar.gz" -C "$RUN" stage1 perf logs
   ;;
-B)  # Stage 2 (SEED, then GRPO) from the Stage 1 checkpoint
+B|C)  # Stage 2 from the Stage 1 checkpoint: B = SEED, C = the same with --opd-coef 0 (GRPO)
   INIT=$RUN/sft; [ -f "$INIT/config.json" ] || INIT=$M  # without a Stage 1 checkpoint: the base model
-  # the paper's ALFWorld update on one of 8 GPUs: 16 tasks x 8 rollouts / 8 ranks = 2 groups of 8 here
+  # the paper's ALFWorld update on one of 8 GPUs: 16 tasks x 8 rollouts / 8 ranks = 2 groups of 8 here.
+  # ~70 s start-up + ~60 s per update + the final checkpoint (fp32 weights + AdamW state, ~20 s)
   COMMON="--env alfworld --model $INIT --tasks-per-update 2 --group-size 8 --workers 16 --save-every 100 --dump-examples 8"
-  step seed 260 $TORCHRUN seed_rl.py $COMMON --updates ${SEED_UPDATES:-3} --out "$RUN/seed"
-  step grpo 230 $TORCHRUN seed_rl.py $COMMON --updates ${GRPO_UPDATES:-3} --opd-coef 0 --out "$RUN/grpo"
-  tar -czf "$OUT/B.tar.gz" -C "$RUN" seed/metrics.jsonl seed/examples.jsonl seed/seed_manifest.json \
-      grpo/metrics.jsonl grpo/seed_manifest.json logs
+  if [ "$1" = B ]; then NAME=seed; EXTRA=""; else NAME=grpo; EXTRA="--opd-coef 0"; fi
+  step $NAME 420 $TORCHRUN seed_rl.py $COMMON --updates ${UPDATES:-3} $EXTRA --out "$RUN/$NAME"
+  tar -czf "$OUT/$1.tar.gz" -C "$RUN" $NAME/metrics.jsonl $NAME/seed_manifest.json logs \
+      $([ -f "$RUN/$NAME/examples.jsonl" ] && echo $NAME/examples.jsonl)
   ;;
-*) echo "usage: $0 A|S1|B"; exit 2 ;;
+*) echo "usage: $0 A|S1|B|C"; exit 2 ;;
 esac

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from envs.backends import HFBackend, load_model, load_tokenizer  # noqa: E402
 from envs.records import read_jsonl  # noqa: E402
-from envs.training import _token_logprobs, init_distributed, make_batch, response_select, shard_model  # noqa: E402
+from envs.training import init_distributed, make_batch, response_select, shard_model  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", required=True)
@@ -52,7 +52,7 @@ seeds = list(range(len(prompts)))
 if on_gpu:
     from envs.backends import VLLMBackend
     eng = VLLMBackend(args.model, tok, max_model_len=max(map(len, prompts)) + args.new_tokens + 16,
-                      gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep_mode=False)
+                      gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep_mode=False, want_logprobs=True)
     engine_name = "vllm"
 else:
     eng = HFBackend(load_model(args.model), tok, batch_size=8, want_logprobs=True)

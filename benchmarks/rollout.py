@@ -3,11 +3,14 @@
     python benchmarks/rollout.py                  # Qwen2.5-1.5B shape (random weights), 128 x (1,200 + 256)
     python benchmarks/rollout.py --config tiny --prompts 4 --prompt-len 32 --new-tokens 8 --hf-prompts 4   # CPU
 
-  standalone  vllm.LLM.generate on the 128 prompts (token ids), SamplingParams(temperature 1, max 256 tokens,
-              ignore_eos): the reference
-  project     envs.backends.VLLMBackend.generate on the same engine and prompts (per-request seeds,
-              sampled-token log-probs, Generation records), so the ratio is the cost of the project's layer
-  hf          envs.backends.HFBackend (transformers `generate`, bf16, SDPA) on the first --hf-prompts
+  standalone        vllm.LLM.generate on the 128 prompts (token ids), SamplingParams(temperature 1, max 256
+                    tokens, ignore_eos): the reference
+  project           envs.backends.VLLMBackend.generate on the same engine and prompts, as collect.py and
+                    evaluate.py call it: per-request seeds, Generation records
+  project_logprobs  the same + the sampled tokens' log-probs, as seed_rl.py calls it (its engine check)
+  project_unseeded  without per-request seeds: the cost of the wrapper alone
+  hf                envs.backends.HFBackend (transformers `generate`, bf16, SDPA) on the first --hf-prompts
+vLLM variants run --repeats times, interleaved; the fastest of each is reported.
 Random weights rarely emit EOS, so nearly every request runs the full 256 tokens; tokens/s counts the
 tokens actually generated. Not a test: timings are reported, never asserted.
 """
@@ -21,7 +24,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.backends import HFBackend, VLLMBackend, default_tokenizer_path, load_tokenizer, shared_dir, tiny_config  # noqa: E402
+from envs.backends import HFBackend, VLLMBackend, load_tokenizer, shared_dir, tiny_config  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--config", default="Qwen2.5-1.5B-Instruct")
@@ -31,7 +34,9 @@ p.add_argument("--new-tokens", type=int, default=256)
 p.add_argument("--hf-prompts", type=int, default=64)
 p.add_argument("--model-dir", default="/tmp/seed-bench-model")
 p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+p.add_argument("--repeats", type=int, default=2)
 p.add_argument("--skip-vllm", action="store_true")
+p.add_argument("--skip-hf", action="store_true")
 p.add_argument("--json", default=None)
 args = p.parse_args()
 
@@ -57,14 +62,15 @@ prompts = torch.randint(0, 151643, (args.prompts, args.prompt_len), generator=g)
 seeds = list(range(args.prompts))
 
 
+VARIANTS = ("standalone", "project", "project_logprobs", "project_unseeded")
+
+
 def report(res):
     """Print what has been measured so far and rewrite the JSON: a run cut short still leaves its figures."""
-    for k in ("standalone", "project", "hf"):
+    for k in VARIANTS + ("hf",):
         if k in res:
-            print(f"{k:<11} {res[k]['generated_tokens']:>7} tokens in {res[k]['s']:7.2f}s = {res[k]['tokens_per_s']:9.0f} tok/s")
-    for k in ("ratio_project_over_standalone", "ratio_hf_over_standalone"):
-        if k in res:
-            print(f"{k}: {res[k]:.3f}")
+            print(f"{k:<17} {res[k]['generated_tokens']:>7} tokens in {res[k]['s']:7.2f}s = "
+                  f"{res[k]['tokens_per_s']:9.0f} tok/s" + (f" = {res[k]['ratio']:.3f}x standalone" if "ratio" in res[k] else ""))
     sys.stdout.flush()
     if args.json:
         with open(args.json, "w") as f:
@@ -72,7 +78,7 @@ def report(res):
 
 
 res = {"config": args.config, "prompts": args.prompts, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-       "device": torch.cuda.get_device_name() if on_gpu else "cpu"}
+       "device": torch.cuda.get_device_name() if on_gpu else "cpu", "repeats": args.repeats}
 
 if not args.skip_vllm:
     from vllm import SamplingParams
@@ -82,20 +88,33 @@ if not args.skip_vllm:
     sp = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.new_tokens, ignore_eos=True)
     tp = [TokensPrompt(prompt_token_ids=x) for x in prompts]
     eng.llm.generate(tp[:8], sp, use_tqdm=False)  # warm-up
-    for name, run in (("standalone", lambda: eng.llm.generate(tp, sp, use_tqdm=False)),
-                      ("project", lambda: eng.generate(prompts, max_new_tokens=args.new_tokens, temperature=1.0, seeds=seeds))):
-        eng.llm.reset_prefix_cache()  # no cached prompt blocks carried from one measurement to the next
-        t0 = time.perf_counter()
-        outs = run()
-        dt = time.perf_counter() - t0
-        n = sum(len(o.outputs[0].token_ids) for o in outs) if name == "standalone" else sum(len(o.token_ids) for o in outs)
-        res[name] = {"s": dt, "generated_tokens": n, "tokens_per_s": n / dt}
-    res["ratio_project_over_standalone"] = res["project"]["tokens_per_s"] / res["standalone"]["tokens_per_s"]
-    report(res)
+
+    def project(want_logprobs, seeded):
+        eng.want_logprobs = want_logprobs
+        return eng.generate(prompts, max_new_tokens=args.new_tokens, temperature=1.0, seeds=seeds if seeded else None)
+
+    runs = {"standalone": lambda: [o.outputs[0] for o in eng.llm.generate(tp, sp, use_tqdm=False)],
+            "project": lambda: project(False, True),  # collect.py, evaluate.py: per-request seeds
+            "project_logprobs": lambda: project(True, True),  # seed_rl.py: + sampled-token log-probs
+            "project_unseeded": lambda: project(False, False)}  # the wrapper alone
+    for r in range(args.repeats):  # interleaved repeats; the best of each is reported
+        for name in VARIANTS:
+            eng.llm.reset_prefix_cache()  # no cached prompt blocks carried from one measurement to the next
+            t0 = time.perf_counter()
+            outs = runs[name]()
+            dt = time.perf_counter() - t0
+            if name not in res or dt < res[name]["s"]:
+                n = sum(len(o.token_ids) for o in outs)
+                res[name] = {"s": dt, "generated_tokens": n, "tokens_per_s": n / dt}
+        for name in VARIANTS[1:]:
+            res[name]["ratio"] = res[name]["tokens_per_s"] / res["standalone"]["tokens_per_s"]
+        report(res)
     del eng
     torch.cuda.empty_cache() if on_gpu else None
 
 # ---- HF generate on the first hf-prompts prompts
+if args.skip_hf:
+    raise SystemExit(0)
 hf = HFBackend(model.to(device), tok, batch_size=args.hf_prompts)
 hf.generate(prompts[:2], max_new_tokens=4, temperature=1.0)  # warm-up
 t0 = time.perf_counter()
@@ -104,7 +123,7 @@ dt = time.perf_counter() - t0
 n = sum(len(o.token_ids) for o in outs)
 res["hf"] = {"prompts": args.hf_prompts, "s": dt, "generated_tokens": n, "tokens_per_s": n / dt}
 if "standalone" in res:
-    res["ratio_hf_over_standalone"] = res["hf"]["tokens_per_s"] / res["standalone"]["tokens_per_s"]
+    res["hf"]["ratio"] = res["hf"]["tokens_per_s"] / res["standalone"]["tokens_per_s"]
 
 print('-- all measured')
 report(res)

@@ -203,7 +203,7 @@ class VLLMBackend:
     driver worker's `model_runner.model.load_weights` are the same in both."""
 
     def __init__(self, model_path, tokenizer, *, max_model_len, gpu_memory_utilization=0.35, seed=0,
-                 enable_sleep_mode=True, dtype="bfloat16", tensor_parallel_size=1):
+                 enable_sleep_mode=True, dtype="bfloat16", tensor_parallel_size=1, want_logprobs=False):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         from vllm import LLM
         import torch.distributed as dist
@@ -215,7 +215,7 @@ class VLLMBackend:
             # (CUDA is initialized by then), which re-runs a top-level script such as collect.py and fails
             # (seen on the H200 with vLLM 0.24).
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        self.tok = tokenizer
+        self.tok, self.want_logprobs = tokenizer, want_logprobs
         self.llm = LLM(model=model_path, tokenizer=getattr(tokenizer, "name_or_path", None) or model_path,
                        dtype=dtype, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                        enable_sleep_mode=enable_sleep_mode, enable_prefix_caching=True, seed=seed,
@@ -226,9 +226,12 @@ class VLLMBackend:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         # Explicit sampling: no model-default top_p/top_k/repetition penalty; logprobs=0 returns the sampled
-        # token's log-prob under the raw (unprocessed) distribution, comparable with the trainer's.
+        # token's log-prob under the raw (unprocessed) distribution, comparable with the trainer's. Only
+        # seed_rl.py asks for them (its engine-vs-trainer check): they cost generation speed (see the README's
+        # Performance section).
         sps = [SamplingParams(temperature=temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
-                              max_tokens=max_new_tokens, logprobs=0, skip_special_tokens=True,
+                              max_tokens=max_new_tokens, logprobs=0 if self.want_logprobs else None,
+                              skip_special_tokens=True,
                               seed=None if seeds is None else int(seeds[i]) % (2 ** 31))
                for i in range(len(prompts))]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sps, use_tqdm=False)
