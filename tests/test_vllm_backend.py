@@ -1,0 +1,77 @@
+"""envs.backends.VLLMBackend's translation layer, against a stand-in `vllm` module.
+
+vLLM needs CUDA, so this is the one place the tests use a fake: it records what the backend asks vLLM for
+(SamplingParams per request, token-id prompts, engine arguments) and answers in vLLM's output shapes. The real
+engine ran on the H200 (README: "On one H200"). What is pinned here: per-request seeds, explicit sampling
+parameters, sampled-token log-probs only when asked for, and the mapping of vLLM's outputs to Generation.
+"""
+import os
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch.distributed as dist
+
+from envs.backends import VLLMBackend
+
+
+class FakeLLM:
+    def __init__(self, **kw):
+        self.kw, self.calls = kw, []
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.calls.append((prompts, sampling_params))
+        outs = []
+        for i, (p, sp) in enumerate(zip(prompts, sampling_params)):
+            toks = [100 + i, 200 + i]  # two tokens per request
+            lps = [{t: SimpleNamespace(logprob=-0.5 * (k + 1) - i)} for k, t in enumerate(toks)] \
+                if sp.logprobs is not None else None
+            outs.append(SimpleNamespace(outputs=[SimpleNamespace(
+                token_ids=toks, text=f"out{i}", finish_reason="stop" if i % 2 else "length", logprobs=lps)]))
+        return outs
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    vllm = types.ModuleType("vllm")
+    vllm.LLM = FakeLLM
+    vllm.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER"):  # the backend sets these:
+        monkeypatch.setenv(var, "x")  # record the original state, so teardown restores it
+        monkeypatch.delenv(var)
+    assert not dist.is_initialized()  # outside torchrun: the engine core must run in-process
+    return vllm
+
+
+def test_sampling_params_seeds_and_outputs(fake_vllm, tokenizer):
+    eng = VLLMBackend("some/model", tokenizer, max_model_len=4096, seed=3)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert eng.llm.kw["max_model_len"] == 4096 and eng.llm.kw["seed"] == 3 and eng.llm.kw["enable_sleep_mode"]
+    assert "distributed_executor_backend" not in eng.llm.kw
+
+    gens = eng.generate([[1, 2, 3], [4, 5]], max_new_tokens=7, temperature=1.0, seeds=[11, 2 ** 31 + 5])
+    prompts, sps = eng.llm.calls[-1]
+    assert [p["prompt_token_ids"] for p in prompts] == [[1, 2, 3], [4, 5]]
+    assert [sp.seed for sp in sps] == [11, 5]  # per request, folded into vLLM's int32 range
+    for sp in sps:  # nothing left to model defaults (generation_config.json may set top_p/top_k/penalty)
+        assert (sp.temperature, sp.top_p, sp.top_k, sp.repetition_penalty, sp.max_tokens) == (1.0, 1.0, 0, 1.0, 7)
+        assert sp.logprobs is None  # not asked for: they cost generation speed
+    assert [g.token_ids for g in gens] == [[100, 200], [101, 201]]
+    assert [g.text for g in gens] == ["out0", "out1"]
+    assert [g.finish_reason for g in gens] == ["length", "stop"]
+    assert all(g.logprobs is None for g in gens)
+
+    eng.generate([[1]], max_new_tokens=4, temperature=0.0)  # greedy, unseeded
+    assert eng.llm.calls[-1][1][0].seed is None and eng.llm.calls[-1][1][0].temperature == 0.0
+
+
+def test_sampled_token_logprobs_when_asked(fake_vllm, tokenizer):
+    eng = VLLMBackend("some/model", tokenizer, max_model_len=1024, want_logprobs=True)
+    gens = eng.generate([[1, 2], [3]], max_new_tokens=2, temperature=1.0, seeds=[0, 1])
+    assert all(sp.logprobs == 0 for sp in eng.llm.calls[-1][1])  # the sampled token's own log-prob only
+    assert gens[0].logprobs == [-0.5, -1.0] and gens[1].logprobs == [-1.5, -2.0]
