@@ -333,8 +333,9 @@ def main():
         if use_opd and episodes:
             prompts = [chat_prompt(tokenizer, build_analysis_prompt(ep))[1] for ep in episodes]
             fits = [i for i, pr in enumerate(prompts) if len(pr) + args.analysis_max_new_tokens <= args.analysis_max_len]
+            # no log-probs: nothing uses the analysis's, and HF `generate` would keep [B, 4,096, V] logits
             answers = analyzer.generate([prompts[i] for i in fits], max_new_tokens=args.analysis_max_new_tokens,
-                                        temperature=0.0, contexts=[episodes[i] for i in fits])
+                                        temperature=0.0, contexts=[episodes[i] for i in fits], want_logprobs=False)
             for i, a in zip(fits, answers):
                 rec, _ = parse_analysis(a.text)
                 skills[i] = rec["episode_skill"] if rec else None

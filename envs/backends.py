@@ -1,12 +1,14 @@
 """Generation backends behind one small interface, plus model/tokenizer loading.
 
-    backend.generate(prompts, max_new_tokens=..., temperature=..., contexts=None, seeds=None) -> [Generation]
+    backend.generate(prompts, max_new_tokens=..., temperature=..., contexts=None, seeds=None,
+                     want_logprobs=None) -> [Generation]
 
 prompts are lists of token ids (already chat-templated); seeds (one int per prompt) make each sample depend
 only on its own seed, not on which other prompts share the batch, so a run is reproducible whatever the
 number of ranks or the batch split (and a resumed run replays the same samples). A Generation holds the response token ids (the
 stop token included when the model stopped by itself, so a trainer learns to stop), the decoded text, the
-sampled tokens' log-probs where the backend gives them, and why it stopped ('stop' or 'length').
+sampled tokens' log-probs where the backend gives them and they were asked for (`want_logprobs`, per
+backend and per call: they cost speed in vLLM and memory in HF), and why it stopped ('stop' or 'length').
 
   VLLMBackend  GPU; batched; sampled-token log-probs; sleep/wake and per-parameter weight loading so it
                can live on the trainer's GPUs (one engine per torchrun rank, `external_launcher`).
@@ -144,15 +146,18 @@ class HFBackend:
         self.device = next(model.parameters()).device
 
     @torch.no_grad()
-    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None):
+    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None, want_logprobs=None):
+        """want_logprobs: this call's choice (None: the backend's). With log-probs, `generate` keeps every
+        step's [B, V] logits, so long generations (the 4,096-token analysis) should not ask for them."""
         from transformers import GenerationConfig, LogitsProcessorList
+        want_logprobs = self.want_logprobs if want_logprobs is None else want_logprobs
         seeded = temperature > 0 and seeds is not None
         # plain multinomial sampling only when unseeded; seeded sampling and greedy decode run as greedy
         sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) \
             if temperature > 0 and not seeded else dict(do_sample=False)
         cfg = GenerationConfig(**sampling, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
                                pad_token_id=self.tok.pad_token_id, eos_token_id=self.stop_ids,
-                               output_logits=self.want_logprobs, return_dict_in_generate=True)
+                               output_logits=want_logprobs, return_dict_in_generate=True)
         out = []
         for b in range(0, len(prompts), self.batch_size):
             chunk = prompts[b:b + self.batch_size]
@@ -167,7 +172,7 @@ class HFBackend:
                                       generation_config=cfg, logits_processor=procs)
             new = res.sequences[:, width:].tolist()  # [B, T_new]
             lps = None
-            if self.want_logprobs:  # log-softmax of the raw logits (like vLLM's raw_logprobs)
+            if want_logprobs:  # log-softmax of the raw logits (like vLLM's raw_logprobs)
                 logits = torch.stack(res.logits, 1).float()  # [B, T_new, V]
                 lps = logits.log_softmax(-1).gather(-1, res.sequences[:, width:, None].to(logits.device))[..., 0]
             for i, toks in enumerate(new):
@@ -222,15 +227,16 @@ class VLLMBackend:
                        tensor_parallel_size=tensor_parallel_size, **kw)  # >1: evaluate.py --tp, no torchrun
         self.sleeping = False
 
-    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None):
+    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None, want_logprobs=None):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        want_logprobs = self.want_logprobs if want_logprobs is None else want_logprobs
         # Explicit sampling: no model-default top_p/top_k/repetition penalty; logprobs=0 returns the sampled
         # token's log-prob under the raw (unprocessed) distribution, comparable with the trainer's. Only
         # seed_rl.py asks for them (its engine-vs-trainer check): they cost generation speed (see the README's
         # Performance section).
         sps = [SamplingParams(temperature=temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
-                              max_tokens=max_new_tokens, logprobs=0 if self.want_logprobs else None,
+                              max_tokens=max_new_tokens, logprobs=0 if want_logprobs else None,
                               skip_special_tokens=True,
                               seed=None if seeds is None else int(seeds[i]) % (2 ** 31))
                for i in range(len(prompts))]
@@ -281,7 +287,8 @@ class ExpertPolicy:
                 self.plans[game_file] = list(json.load(f).get("walkthrough", []))
         return self.plans[game_file]
 
-    def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None, seeds=None):
+    def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None, seeds=None,
+                 want_logprobs=None):  # scripted: never any log-probs
         if contexts is None:
             raise ValueError("ExpertPolicy needs the episodes as contexts")
         out = []
@@ -304,7 +311,8 @@ class ScriptedAnalyzer:
     def __init__(self, tokenizer):
         self.tok = tokenizer
 
-    def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None, seeds=None):
+    def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None, seeds=None,
+                 want_logprobs=None):  # scripted: never any log-probs
         out = []
         for ep in contexts:
             acts = [s["action"] for s in ep["steps"] if s["valid"]]

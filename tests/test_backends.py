@@ -1,9 +1,13 @@
-"""envs.backends.VLLMBackend's translation layer, against a stand-in `vllm` module.
+"""envs/backends.py: what the generation backends ask their engines for, and what they hand back.
 
-vLLM needs CUDA, so this is the one place the tests use a fake: it records what the backend asks vLLM for
-(SamplingParams per request, token-id prompts, engine arguments) and answers in vLLM's output shapes. The real
-engine ran on the H200 (README: "On one H200"). What is pinned here: per-request seeds, explicit sampling
-parameters, sampled-token log-probs only when asked for, and the mapping of vLLM's outputs to Generation.
+VLLMBackend needs CUDA, so its tests use the one stand-in of the suite, a fake `vllm` module. It records what
+the backend asks vLLM for (SamplingParams per request, token-id prompts, engine arguments) and answers in
+vLLM's output shapes. The real engine ran on the H200 (README: "On one H200"). What is pinned here:
+- per-request seeds;
+- explicit sampling parameters;
+- sampled-token log-probs only when asked for, per backend or per call;
+- the mapping of vLLM's outputs to Generation.
+HFBackend runs for real, with a tiny model: its log-probs equal a forward pass's, and a call can decline them.
 """
 import os
 import sys
@@ -11,9 +15,10 @@ import types
 from types import SimpleNamespace
 
 import pytest
+import torch
 import torch.distributed as dist
 
-from envs.backends import VLLMBackend
+from envs.backends import HFBackend, VLLMBackend, load_model
 
 
 class FakeLLM:
@@ -75,3 +80,21 @@ def test_sampled_token_logprobs_when_asked(fake_vllm, tokenizer):
     gens = eng.generate([[1, 2], [3]], max_new_tokens=2, temperature=1.0, seeds=[0, 1])
     assert all(sp.logprobs == 0 for sp in eng.llm.calls[-1][1])  # the sampled token's own log-prob only
     assert gens[0].logprobs == [-0.5, -1.0] and gens[1].logprobs == [-1.5, -2.0]
+    gens = eng.generate([[1]], max_new_tokens=2, temperature=1.0, want_logprobs=False)  # this call declines
+    assert eng.llm.calls[-1][1][0].logprobs is None and gens[0].logprobs is None
+
+
+def test_hf_logprobs_match_a_forward_and_a_call_can_decline(tokenizer):
+    model = load_model("tiny", seed=0)
+    hf = HFBackend(model, tokenizer, batch_size=2, want_logprobs=True)
+    prompts = [[9707, 11, 1879], [40, 1079]]  # unequal lengths: left padding
+    gens = hf.generate(prompts, max_new_tokens=5, temperature=1.0, seeds=[1, 2])
+    for p, g in zip(prompts, gens):
+        assert len(g.logprobs) == len(g.token_ids) > 0
+        with torch.no_grad():
+            lp = model(torch.tensor([p + g.token_ids])).logits[0].float().log_softmax(-1)
+        want = [lp[len(p) - 1 + k, t].item() for k, t in enumerate(g.token_ids)]
+        assert g.logprobs == pytest.approx(want, abs=1e-4)
+    again = hf.generate(prompts, max_new_tokens=5, temperature=1.0, seeds=[1, 2], want_logprobs=False)
+    assert [g.token_ids for g in again] == [g.token_ids for g in gens]  # same seeds, same samples
+    assert all(g.logprobs is None for g in again)
