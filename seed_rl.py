@@ -246,7 +246,7 @@ def main():
         ref = shard_model(load_model(args.ref_model, device=device, seed=args.seed,
                                      dtype=torch.bfloat16 if on_gpu else torch.float32), device, train=False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.01,
-                              **adamw_impl(device))
+                                  **adamw_impl(device))
     sync_dtype = torch.bfloat16 if on_gpu else torch.float32
 
     if args.backend == "vllm":

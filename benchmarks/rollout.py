@@ -90,8 +90,8 @@ if not args.skip_vllm:
     eng.llm.generate(tp[:8], sp, use_tqdm=False)  # warm-up
 
     def project(want_logprobs, seeded):
-        eng.want_logprobs = want_logprobs
-        return eng.generate(prompts, max_new_tokens=args.new_tokens, temperature=1.0, seeds=seeds if seeded else None)
+        return eng.generate(prompts, max_new_tokens=args.new_tokens, temperature=1.0,
+                            seeds=seeds if seeded else None, want_logprobs=want_logprobs)
 
     runs = {"standalone": lambda: [o.outputs[0] for o in eng.llm.generate(tp, sp, use_tqdm=False)],
             "project": lambda: project(False, True),  # collect.py, evaluate.py: per-request seeds
