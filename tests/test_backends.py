@@ -3,10 +3,10 @@
 VLLMBackend needs CUDA, so its tests use the one stand-in of the suite, a fake `vllm` module. It records what
 the backend asks vLLM for (SamplingParams per request, token-id prompts, engine arguments) and answers in
 vLLM's output shapes. The real engine ran on the H200 (README: "On one H200"). What is pinned here:
-- per-request seeds;
+- per-request seeds, and vLLM's V2 model runner, which draws them in one kernel;
 - explicit sampling parameters;
 - sampled-token log-probs only when asked for, per backend or per call;
-- the mapping of vLLM's outputs to Generation.
+- the mapping of vLLM's outputs to Generation, with the text decoded here (vLLM's detokenizer is off).
 HFBackend runs for real, with a tiny model: its log-probs equal a forward pass's, and a call can decline them.
 """
 import os
@@ -29,11 +29,11 @@ class FakeLLM:
         self.calls.append((prompts, sampling_params))
         outs = []
         for i, (p, sp) in enumerate(zip(prompts, sampling_params)):
-            toks = [100 + i, 200 + i]  # two tokens per request
+            toks = [100 + i, 200 + i] + ([151645] if i % 2 else [])  # odd requests stop with <|im_end|>
             lps = [{t: SimpleNamespace(logprob=-0.5 * (k + 1) - i)} for k, t in enumerate(toks)] \
                 if sp.logprobs is not None else None
             outs.append(SimpleNamespace(outputs=[SimpleNamespace(
-                token_ids=toks, text=f"out{i}", finish_reason="stop" if i % 2 else "length", logprobs=lps)]))
+                token_ids=toks, text="" if sp.detokenize is False else f"out{i}", finish_reason="stop" if i % 2 else "length", logprobs=lps)]))
         return outs
 
 
@@ -46,8 +46,8 @@ def fake_vllm(monkeypatch):
     inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
-    for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER"):  # the backend sets these:
-        monkeypatch.setenv(var, "x")  # record the original state, so teardown restores it
+    for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER"):
+        monkeypatch.setenv(var, "x")  # the backend sets these: record the original state, so teardown restores it
         monkeypatch.delenv(var)
     assert not dist.is_initialized()  # outside torchrun: the engine core must run in-process
     return vllm
@@ -56,6 +56,7 @@ def fake_vllm(monkeypatch):
 def test_sampling_params_seeds_and_outputs(fake_vllm, tokenizer):
     eng = VLLMBackend("some/model", tokenizer, max_model_len=4096, seed=3)
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"  # batched per-request seeded sampling
     assert eng.llm.kw["max_model_len"] == 4096 and eng.llm.kw["seed"] == 3 and eng.llm.kw["enable_sleep_mode"]
     assert "distributed_executor_backend" not in eng.llm.kw
 
@@ -66,8 +67,9 @@ def test_sampling_params_seeds_and_outputs(fake_vllm, tokenizer):
     for sp in sps:  # nothing left to model defaults (generation_config.json may set top_p/top_k/penalty)
         assert (sp.temperature, sp.top_p, sp.top_k, sp.repetition_penalty, sp.max_tokens) == (1.0, 1.0, 0, 1.0, 7)
         assert sp.logprobs is None  # not asked for: they cost generation speed
-    assert [g.token_ids for g in gens] == [[100, 200], [101, 201]]
-    assert [g.text for g in gens] == ["out0", "out1"]
+    assert [g.token_ids for g in gens] == [[100, 200], [101, 201, 151645]]  # the stop token kept for the trainer
+    assert all(sp.detokenize is False for sp in sps)  # the backend decodes the finished responses itself
+    assert [g.text for g in gens] == [tokenizer.decode([100, 200]), tokenizer.decode([101, 201])]
     assert [g.finish_reason for g in gens] == ["length", "stop"]
     assert all(g.logprobs is None for g in gens)
 
@@ -75,11 +77,17 @@ def test_sampling_params_seeds_and_outputs(fake_vllm, tokenizer):
     assert eng.llm.calls[-1][1][0].seed is None and eng.llm.calls[-1][1][0].temperature == 0.0
 
 
+def test_a_users_model_runner_choice_wins(fake_vllm, tokenizer, monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    VLLMBackend("some/model", tokenizer, max_model_len=1024)
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+
+
 def test_sampled_token_logprobs_when_asked(fake_vllm, tokenizer):
     eng = VLLMBackend("some/model", tokenizer, max_model_len=1024, want_logprobs=True)
     gens = eng.generate([[1, 2], [3]], max_new_tokens=2, temperature=1.0, seeds=[0, 1])
     assert all(sp.logprobs == 0 for sp in eng.llm.calls[-1][1])  # the sampled token's own log-prob only
-    assert gens[0].logprobs == [-0.5, -1.0] and gens[1].logprobs == [-1.5, -2.0]
+    assert gens[0].logprobs == [-0.5, -1.0] and gens[1].logprobs == [-1.5, -2.0, -2.5]
     gens = eng.generate([[1]], max_new_tokens=2, temperature=1.0, want_logprobs=False)  # this call declines
     assert eng.llm.calls[-1][1][0].logprobs is None and gens[0].logprobs is None
 
