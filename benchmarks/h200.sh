@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The GPU runs behind the README's "Performance" and "The chain on a real model" sections, on one H200 with
 # the device bundles installed (vLLM 0.24.0, alfworld 0.4.2, Qwen2.5-Coder-0.5B-Instruct, the assets).
-# Four parts, each under 10 minutes, run back to back (B and C read S1's checkpoint from $RUN):
+# Parts, each under 10 minutes, run back to back (B and C read S1's checkpoint from $RUN):
 #
 #   bash benchmarks/h200.sh A    # trainer-step benchmark (Qwen2.5-1.5B shape, random weights, ablations),
-#                                # rollout benchmark (vLLM direct vs the project's backend vs HF generate)
+#                                # then R
+#   bash benchmarks/h200.sh R    # rollout benchmark (vLLM direct vs the project's backend), with vLLM's V2
+#                                # model runner (the project's choice) and with V1; HF generate in the first
 #   bash benchmarks/h200.sh S1   # Stage 1 on the real 0.5B model: collect -> annotate (the model analyzes its
 #                                # own episodes) -> short SFT; then engine-vs-trainer log-prob agreement
+#   SFT_DATA=results/h200-2026-12-03/stage1/skills.sft.jsonl bash benchmarks/h200.sh SFT
+#                                # only S1's SFT, from an earlier run's annotated data (kept in the repo)
 #   bash benchmarks/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
 #   bash benchmarks/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
 #
@@ -35,11 +39,19 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 $PY -c "import torch, transformers, vllm; print('torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)" | tee -a "$RUN/logs/gpu.txt"
 
 case "${1:-}" in
-A)  # performance: trainer step, rollout
+A|R)  # performance: trainer step (A only), rollout with each vLLM model runner
   mkdir -p "$RUN/perf"
-  step trainer_step 170 $PY benchmarks/trainer_step.py --ablate --json "$RUN/perf/trainer_step.json"
-  step rollout 240 $PY benchmarks/rollout.py --json "$RUN/perf/rollout.json"
-  tar -czf "$OUT/A.tar.gz" -C "$RUN" perf logs
+  [ "$1" = A ] && step trainer_step 170 $PY benchmarks/trainer_step.py --ablate --json "$RUN/perf/trainer_step.json"
+  step rollout 240 env VLLM_USE_V2_MODEL_RUNNER=1 $PY benchmarks/rollout.py --json "$RUN/perf/rollout.json"
+  step rollout_v1 180 env VLLM_USE_V2_MODEL_RUNNER=0 $PY benchmarks/rollout.py --skip-hf \
+      --json "$RUN/perf/rollout_v1.json"
+  tar -czf "$OUT/$1.tar.gz" -C "$RUN" perf logs
+  ;;
+SFT)  # S1's SFT alone, from $SFT_DATA
+  step sft 150 $TORCHRUN sft.py --model "$M" --data "${SFT_DATA:-$RUN/stage1/skills.sft.jsonl}" --out "$RUN/sft" \
+      --epochs 2 --save-dtype bfloat16
+  mkdir -p "$RUN/stage1" && cp "$RUN/sft/metrics.jsonl" "$RUN/stage1/sft_metrics.jsonl" 2>/dev/null
+  tar -czf "$OUT/SFT.tar.gz" -C "$RUN" stage1 logs
   ;;
 S1)  # Stage 1 on the real 0.5B model, then log-prob agreement on its prompts
   mkdir -p "$RUN/stage1" "$RUN/perf"
@@ -65,5 +77,5 @@ B|C)  # Stage 2 from the Stage 1 checkpoint: B = SEED, C = the same with --opd-c
   tar -czf "$OUT/$1.tar.gz" -C "$RUN" $NAME/metrics.jsonl $NAME/seed_manifest.json logs \
       $([ -f "$RUN/$NAME/examples.jsonl" ] && echo $NAME/examples.jsonl)
   ;;
-*) echo "usage: $0 A|S1|B|C"; exit 2 ;;
+*) echo "usage: $0 A|R|S1|SFT|B|C"; exit 2 ;;
 esac

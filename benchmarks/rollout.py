@@ -1,16 +1,20 @@
 """Rollout throughput: the project's vLLM backend vs vLLM used directly, and HF `generate`, same prompts.
 
     python benchmarks/rollout.py                  # Qwen2.5-1.5B shape (random weights), 128 x (1,200 + 256)
+    VLLM_USE_V2_MODEL_RUNNER=0 python benchmarks/rollout.py --skip-hf   # vLLM's V1 model runner instead
+    python benchmarks/rollout.py --skip-hf --prompts 16 --new-tokens 512   # seed_rl.py's batch per engine
     python benchmarks/rollout.py --config tiny --prompts 4 --prompt-len 32 --new-tokens 8 --hf-prompts 4   # CPU
 
   standalone        vllm.LLM.generate on the 128 prompts (token ids), SamplingParams(temperature 1, max 256
                     tokens, ignore_eos): the reference
   project           envs.backends.VLLMBackend.generate on the same engine and prompts, as collect.py and
-                    evaluate.py call it: per-request seeds, Generation records
+                    evaluate.py call it: per-request seeds, vLLM's detokenizer off and one batch_decode at
+                    the end, Generation records
   project_logprobs  the same + the sampled tokens' log-probs, as seed_rl.py calls it (its engine check)
   project_unseeded  without per-request seeds: the cost of the wrapper alone
   hf                envs.backends.HFBackend (transformers `generate`, bf16, SDPA) on the first --hf-prompts
-vLLM variants run --repeats times, interleaved; the fastest of each is reported.
+vLLM variants run --repeats times, interleaved; the fastest of each is reported. All of them share one engine,
+with the model runner the project's backend picks (V2, unless VLLM_USE_V2_MODEL_RUNNER says otherwise).
 Random weights rarely emit EOS, so nearly every request runs the full 256 tokens; tokens/s counts the
 tokens actually generated. Not a test: timings are reported, never asserted.
 """
@@ -85,6 +89,9 @@ if not args.skip_vllm:
     from vllm.inputs import TokensPrompt
     eng = VLLMBackend(args.model_dir, tok, max_model_len=args.prompt_len + args.new_tokens + 64,
                       gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep_mode=False)
+    v2 = getattr(getattr(eng.llm.llm_engine, "vllm_config", None), "use_v2_model_runner", None)
+    res["model_runner"] = {True: "v2", False: "v1", None: "unknown"}[v2]
+    print("vLLM model runner:", res["model_runner"])
     sp = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.new_tokens, ignore_eos=True)
     tp = [TokensPrompt(prompt_token_ids=x) for x in prompts]
     eng.llm.generate(tp[:8], sp, use_tqdm=False)  # warm-up
