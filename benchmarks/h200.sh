@@ -6,7 +6,8 @@
 #   bash benchmarks/h200.sh A    # trainer-step benchmark (Qwen2.5-1.5B shape, random weights, ablations),
 #                                # then R
 #   bash benchmarks/h200.sh R    # rollout benchmark (vLLM direct vs the project's backend), with vLLM's V2
-#                                # model runner (the project's choice) and with V1; HF generate in the first
+#                                # model runner (the project's choice) and with V1; HF generate in the first;
+#                                # then both runners at seed_rl.py's batch per engine (16 x 512 new tokens)
 #   bash benchmarks/h200.sh S1   # Stage 1 on the real 0.5B model: collect -> annotate (the model analyzes its
 #                                # own episodes) -> short SFT; then engine-vs-trainer log-prob agreement
 #   SFT_DATA=results/h200-2026-12-03/stage1/skills.sft.jsonl bash benchmarks/h200.sh SFT
@@ -45,6 +46,10 @@ A|R)  # performance: trainer step (A only), rollout with each vLLM model runner
   step rollout 240 env VLLM_USE_V2_MODEL_RUNNER=1 $PY benchmarks/rollout.py --json "$RUN/perf/rollout.json"
   step rollout_v1 180 env VLLM_USE_V2_MODEL_RUNNER=0 $PY benchmarks/rollout.py --skip-hf \
       --json "$RUN/perf/rollout_v1.json"
+  for v in 2 1; do  # model runner V2, then V1, at seed_rl.py's batch per engine: 16 episodes, 512 new tokens
+    step rollout_b16_v$v 120 env VLLM_USE_V2_MODEL_RUNNER=$((v - 1)) $PY benchmarks/rollout.py --skip-hf \
+        --prompts 16 --new-tokens 512 --json "$RUN/perf/rollout_b16_v$v.json"
+  done
   tar -czf "$OUT/$1.tar.gz" -C "$RUN" perf logs
   ;;
 SFT)  # S1's SFT alone, from $SFT_DATA
