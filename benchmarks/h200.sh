@@ -36,6 +36,11 @@ step() {  # step NAME TIMEOUT_S CMD...: run, log, time, never abort the part
   tail -n 25 "$RUN/logs/$name.log"
 }
 
+sft() {  # sft TIMEOUT_S DATA: the short SFT of the 0.5B model (S1, SFT); its metrics copied to stage1/
+  step sft "$1" $TORCHRUN sft.py --model "$M" --data "$2" --out "$RUN/sft" --epochs 2 --save-dtype bfloat16
+  mkdir -p "$RUN/stage1" && cp "$RUN/sft/metrics.jsonl" "$RUN/stage1/sft_metrics.jsonl" 2>/dev/null
+}
+
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RUN/logs/gpu.txt"
 $PY -c "import torch, transformers, vllm; print('torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)" | tee -a "$RUN/logs/gpu.txt"
 
@@ -53,9 +58,7 @@ A|R)  # performance: trainer step (A only), rollout with each vLLM model runner
   tar -czf "$OUT/$1.tar.gz" -C "$RUN" perf logs
   ;;
 SFT)  # S1's SFT alone, from $SFT_DATA
-  step sft 150 $TORCHRUN sft.py --model "$M" --data "${SFT_DATA:-$RUN/stage1/skills.sft.jsonl}" --out "$RUN/sft" \
-      --epochs 2 --save-dtype bfloat16
-  mkdir -p "$RUN/stage1" && cp "$RUN/sft/metrics.jsonl" "$RUN/stage1/sft_metrics.jsonl" 2>/dev/null
+  sft 150 "${SFT_DATA:-$RUN/stage1/skills.sft.jsonl}"
   tar -czf "$OUT/SFT.tar.gz" -C "$RUN" stage1 logs
   ;;
 S1)  # Stage 1 on the real 0.5B model, then log-prob agreement on its prompts
@@ -64,12 +67,10 @@ S1)  # Stage 1 on the real 0.5B model, then log-prob agreement on its prompts
       --workers 12 --gpu-memory-utilization 0.6 --out "$RUN/stage1/traj.jsonl"
   step annotate 150 $PY annotate.py --trajectories "$RUN/stage1/traj.jsonl" --out "$RUN/stage1/skills.jsonl" \
       --analyzer local --model "$M" --backend vllm --gpu-memory-utilization 0.6
-  step sft 120 $TORCHRUN sft.py --model "$M" --data "$RUN/stage1/skills.sft.jsonl" --out "$RUN/sft" --epochs 2 \
-      --save-dtype bfloat16
+  sft 120 "$RUN/stage1/skills.sft.jsonl"
   INIT=$RUN/sft; [ -f "$INIT/config.json" ] || INIT=$M
   step agreement 100 $TORCHRUN benchmarks/logprob_agreement.py --model "$INIT" --trajectories "$RUN/stage1/traj.jsonl" \
       --json "$RUN/perf/logprob_agreement.json"
-  cp "$RUN/sft/metrics.jsonl" "$RUN/stage1/sft_metrics.jsonl" 2>/dev/null
   tar -czf "$OUT/S1.tar.gz" -C "$RUN" stage1 perf logs
   ;;
 B|C)  # Stage 2 from the Stage 1 checkpoint: B = SEED, C = the same with --opd-coef 0 (GRPO)
