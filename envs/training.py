@@ -74,12 +74,12 @@ def adamw_impl(device):
 class _TokenLogprob(torch.autograd.Function):
     """lp[i] = log_softmax(h[i] @ W^T)[tgt[i]] for N rows, one chunk of rows at a time.
 
-    No [N, V] block ever exists, and none of [chunk, V] is kept for backward: forward saves only h, W, tgt;
-    backward recomputes one chunk's logits at a time and applies the closed-form gradient
+    No [N, V] block ever exists, and none of [chunk, V] is kept for backward: forward saves only h, W, tgt
+    and lp; backward recomputes one chunk's logits at a time and applies the closed-form gradient
         d lp_i / d logits_i = g_i * (onehot(tgt_i) - softmax(logits_i))  =: G_i    [C, V]
         grad_h[chunk] = G @ W        grad_W += G^T @ h[chunk]   (accumulated in place, no per-chunk copies)
-    Logits are in the compute dtype (bf16 on GPU, like vLLM's); softmax statistics in fp32 (or fp64 when
-    h is fp64, for gradcheck).
+    Logits are in the compute dtype (bf16 on GPU, like vLLM's); the log-softmax of the forward in fp32 (or
+    fp64 when h is fp64, for gradcheck). G is built in the compute dtype (see backward).
     """
 
     @staticmethod
@@ -89,21 +89,25 @@ class _TokenLogprob(torch.autograd.Function):
         for s in range(0, h.shape[0], chunk):
             logits = h[s:s + chunk] @ w.t()  # [C, V]
             lp[s:s + chunk] = torch.log_softmax(logits, -1, dtype=acc).gather(-1, tgt[s:s + chunk, None])[:, 0]
-        ctx.save_for_backward(h, w, tgt)
+        ctx.save_for_backward(h, w, tgt, lp)
         ctx.chunk = chunk
         return lp
 
     @staticmethod
     def backward(ctx, g):  # g: [N], the loss's gradient w.r.t. each log-prob
-        h, w, tgt = ctx.saved_tensors
+        h, w, tgt, lp = ctx.saved_tensors
         grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(w) if ctx.needs_input_grad[1] else None
         for s in range(0, h.shape[0], ctx.chunk):
-            hc, gc = h[s:s + ctx.chunk], g[s:s + ctx.chunk]
-            G = torch.softmax(hc @ w.t(), -1, dtype=g.dtype)  # [C, V] fp32
-            G.mul_(-gc[:, None])
-            G[torch.arange(len(hc), device=h.device), tgt[s:s + ctx.chunk]] += gc
-            G = G.to(h.dtype)
+            hc, gc, tc = h[s:s + ctx.chunk], g[s:s + ctx.chunk], tgt[s:s + ctx.chunk]
+            # G in the compute dtype, as the matmuls below read it: bf16 on GPU, where an fp32 [C, V] block
+            # would double the bytes of the four passes over it (softmax, scale, cast). The softmax kernel
+            # accumulates in fp32 and the scaling runs in fp32; each rounds once to bf16.
+            G = torch.softmax(hc @ w.t(), -1)  # [C, V]
+            G.mul_(-gc[:, None])  # -g_i p_ij
+            # the target column from the forward's fp32 log-prob: g_i (1 - p_i,tgt). Not p rounded to bf16 and
+            # subtracted from 1, which loses the gradient of confident tokens (p = 0.999 is 1.0 in bf16)
+            G[torch.arange(len(hc), device=h.device), tc] = (gc * -torch.expm1(lp[s:s + ctx.chunk])).to(G.dtype)
             if grad_h is not None:
                 torch.mm(G, w, out=grad_h[s:s + ctx.chunk])  # [C, H]
             if grad_w is not None:

@@ -245,6 +245,34 @@ def test_chunked_token_logprob_gradcheck():
     assert torch.autograd.gradcheck(lambda h, w: _TokenLogprob.apply(h, w, tgt, 3), (h, w))
 
 
+def test_chunked_token_logprob_bf16_gradients_of_confident_tokens():
+    """In bf16 (the GPU compute dtype) the gradients stay within bf16 rounding of the exact ones for the same
+    bf16 logits, also for the rows of tokens the model is sure of (0.99 < p < 0.9999, where p rounds to 1.0
+    in bf16: 1 - p must come from the fp32 log-prob, or those rows' gradients are wrong by over 100%)."""
+    from envs.training import _TokenLogprob
+    torch.manual_seed(0)
+    n, d, v = 64, 16, 64
+    w = torch.randn(v, d).bfloat16()
+    tgt = torch.randint(0, v, (n,))
+    h = (torch.randn(n, d) + 1.5 * w[tgt].float()).bfloat16()  # logit of the target ~ 1.5 |w|^2: p ~ 0.99+
+    g = torch.randn(n)
+    hb, wb = h.clone().requires_grad_(), w.clone().requires_grad_()
+    lp = _TokenLogprob.apply(hb, wb, tgt, 24)  # chunks of 24, 24, 16 rows
+    (lp * g).sum().backward()
+    # exact gradient (fp64) of the bf16 logits the kernel computes: G = g (onehot - softmax), then G @ W, G^T @ h
+    logits = (h @ w.t()).double()
+    lp64 = logits.log_softmax(-1).gather(-1, tgt[:, None])[:, 0]
+    G = g.double()[:, None] * (torch.nn.functional.one_hot(tgt, v).double() - logits.softmax(-1))
+    grad_h, grad_w = G @ w.double(), G.t() @ h.double()
+    assert (lp.double() - lp64).abs().max() < 1e-5
+    confident = (lp64.exp() > 0.99) & (lp64.exp() < 0.9999)
+    assert confident.sum() >= 8, lp64.exp()  # the case this test is about
+    row_err = (hb.grad.double() - grad_h).norm(dim=-1) / grad_h.norm(dim=-1)
+    assert row_err[confident].max() < 0.02, row_err[confident]  # 0.005 here; 1.4 if 1 - p came from bf16
+    for got, want in ((hb.grad, grad_h), (wb.grad, grad_w)):
+        assert (got.double() - want).norm() / want.norm() < 0.01
+
+
 def test_token_logprobs_match_full_logits_values_and_parameter_grads():
     from envs.backends import load_model
     from envs.training import _token_logprobs, make_batch, response_select
