@@ -47,7 +47,8 @@ $PY -c "import torch, transformers, vllm; print('torch', torch.__version__, 'tra
 case "${1:-}" in
 A|R)  # performance: trainer step (A only), rollout with each vLLM model runner
   mkdir -p "$RUN/perf"
-  [ "$1" = A ] && step trainer_step 170 $PY benchmarks/trainer_step.py --ablate --json "$RUN/perf/trainer_step.json"
+  [ "$1" = A ] && step trainer_step 300 $PY benchmarks/trainer_step.py --ablate --profile "$RUN/perf/profile" \
+      --json "$RUN/perf/trainer_step.json"
   step rollout 240 env VLLM_USE_V2_MODEL_RUNNER=1 $PY benchmarks/rollout.py --json "$RUN/perf/rollout.json"
   step rollout_v1 180 env VLLM_USE_V2_MODEL_RUNNER=0 $PY benchmarks/rollout.py --skip-hf \
       --json "$RUN/perf/rollout_v1.json"

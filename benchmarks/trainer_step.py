@@ -8,8 +8,12 @@ Random weights with the official config (../shared/assets/qwen2.5-configs, or $S
   project    seed_rl.py's step: FSDP2 fully_shard (world size 1), fp32 master weights + bf16 compute,
              log-probs of the sampled tokens through the chunked `token_logprobs`, SEED's loss, backward,
              grad clip, AdamW (fused on GPU)
-  --ablate   the project step again with one knob changed: no grad clip, foreach AdamW, LM-head chunks of
-             4,096 rows, no resharding after forward
+             Both models stay on the device, and their timings alternate for --rounds rounds (reference,
+             project, reference, ...): the medians and the per-round ratios are reported, so that a drift of
+             the GPU's speed during the run lands on both paths. Peak memory is each path's own (the other
+             model's resting memory subtracted).
+  --ablate   the project step again with one knob changed, each paired with a reference run: no grad clip,
+             foreach AdamW, LM-head chunks of 4,096 rows, no resharding after forward
   --profile  torch.profiler kernel tables of both steps (where the time goes)
   log-probs  peak memory of forward+backward for the log-probs of a micro-batch: full fp32 logits
              [tokens, vocab] at once vs the chunked path
@@ -33,6 +37,7 @@ p.add_argument("--config", default="Qwen2.5-1.5B-Instruct", help="a folder name 
 p.add_argument("--batch", type=int, default=8)
 p.add_argument("--seq", type=int, default=1536)
 p.add_argument("--steps", type=int, default=5)
+p.add_argument("--rounds", type=int, default=5, help="alternating reference/project timings")
 p.add_argument("--warmup", type=int, default=2)
 p.add_argument("--peak-tflops", type=float, default=790.0, help="measured bf16 matmul rate of the H200 here")
 p.add_argument("--json", default=None)
@@ -78,12 +83,6 @@ def timed(step):
 
 results = {"config": args.config, "batch": args.batch, "seq": args.seq, "device": torch.cuda.get_device_name() if on_gpu else "cpu"}
 
-# ---- reference: plain bf16 HF forward + backward + AdamW
-model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16 if on_gpu else torch.float32,
-                                         attn_implementation="sdpa").to(device)
-n_params = sum(p.numel() for p in model.parameters())
-opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-
 
 def profile(step, name):
     """Kernel table of 3 steps (after warm-up) and the share of wall time the GPU was busy."""
@@ -106,26 +105,37 @@ def profile(step, name):
     print(f"profile {name}: wall {wall / 3:.4f} s/step, GPU kernels {busy / 3:.4f} s/step")
 
 
-def ref_step():
-    loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+def resting_gib(step):
+    """Run one step (AdamW's state now exists; gradients are freed after it) and return the memory in use."""
+    step()
+    sync()
+    return torch.cuda.memory_allocated() / 2 ** 30 if on_gpu else float("nan")
 
 
-def measure(step):
-    """Seconds per step (after warm-up), tokens/s, peak memory and MFU (6 x params x tokens / peak)."""
+def measure(step, other_gib):
+    """Seconds per step (after warm-up), tokens/s, peak memory (less the other model's resting memory) and
+    MFU (6 x params x tokens / peak)."""
     peak_reset()
     t = timed(step)
-    return {"s_per_step": t, "tokens_per_s": n_tokens / t, "peak_gib": peak_gib(),
+    return {"s_per_step": t, "tokens_per_s": n_tokens / t, "peak_gib": peak_gib() - other_gib,
             "mfu": 6 * n_params * n_tokens / t / (args.peak_tflops * 1e12)}
 
 
-results["reference"] = measure(ref_step)
-if args.profile:
-    profile(ref_step, "reference")
-del model, opt
-peak_reset()
+# ---- reference: plain bf16 HF forward + backward + AdamW
+ref_model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16 if on_gpu else torch.float32,
+                                             attn_implementation="sdpa").to(device)
+n_params = sum(p.numel() for p in ref_model.parameters())
+ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-6)
+
+
+def ref_step():
+    loss = ref_model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    ref_opt.step()
+    ref_opt.zero_grad(set_to_none=True)
+
+
+ref_rest = resting_gib(ref_step)
 
 # ---- project: FSDP2 (world size 1), fp32 master weights, bf16 compute, chunked log-probs, SEED loss
 model = shard_model(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").to(device), device)
@@ -150,26 +160,51 @@ def project_step(clip=True):
     opt.zero_grad(set_to_none=True)
 
 
-results["project"] = measure(project_step)
+project_rest = resting_gib(project_step) - ref_rest
+
+# ---- alternating rounds: reference, project, reference, project, ...
+rounds = []
+for r in range(args.rounds):
+    ref, proj = measure(ref_step, project_rest), measure(project_step, ref_rest)
+    rounds.append({"reference": ref, "project": proj, "ratio": ref["s_per_step"] / proj["s_per_step"]})
+    print(f"round {r}: reference {ref['s_per_step']:.4f} s, project {proj['s_per_step']:.4f} s, ratio {rounds[-1]['ratio']:.3f}")
+
+
+def median_run(key):
+    """The round whose s/step is the median for this path (odd --rounds: a real measurement, not a blend)."""
+    return sorted((rd[key] for rd in rounds), key=lambda m: m["s_per_step"])[len(rounds) // 2]
+
+
+results["reference"], results["project"] = median_run("reference"), median_run("project")
 results["ratio_project_over_reference"] = results["reference"]["s_per_step"] / results["project"]["s_per_step"]
+results["round_ratios"] = [rd["ratio"] for rd in rounds]
+results["rounds"] = rounds
 if args.profile:
+    profile(ref_step, "reference")
     profile(project_step, "project")
 
-# ---- ablations: the project step with one knob changed at a time (where does the gap to the reference go?)
+# ---- ablations: the project step with one knob changed at a time, each right after a reference run
 if args.ablate:
     abl = {}
-    abl["no_grad_clip"] = measure(lambda: project_step(clip=False))
+
+    def ablate(name, step):
+        ref = measure(ref_step, project_rest)
+        abl[name] = dict(measure(step, ref_rest), reference_s_per_step=ref["s_per_step"])
+        abl[name]["ratio"] = ref["s_per_step"] / abl[name]["s_per_step"]
+
+    ablate("no_grad_clip", lambda: project_step(clip=False))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, foreach=True)
-    abl["adamw_foreach"] = measure(project_step)
+    ablate("adamw_foreach", project_step)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, **adamw_impl(device))
     chunk = 4096
-    abl["lm_head_chunk_4096"] = measure(project_step)
+    ablate("lm_head_chunk_4096", project_step)
     chunk = 1024
     model.set_reshard_after_forward(False)  # keep bf16 layers gathered between forward and backward
-    abl["no_reshard_after_forward"] = measure(project_step)
+    ablate("no_reshard_after_forward", project_step)
     model.set_reshard_after_forward(True)
-    results["ablations"] = {k: dict(v, ratio=results["reference"]["s_per_step"] / v["s_per_step"]) for k, v in abl.items()}
-del opt
+    results["ablations"] = abl
+del opt, ref_model, ref_opt
+peak_reset()
 
 # ---- log-prob memory: full fp32 logits for the micro-batch vs chunked
 def full_logprobs():
@@ -204,7 +239,8 @@ print(f"{'path':<10} {'s/step':>8} {'tok/s':>10} {'MFU':>6} {'peak GiB':>9}")
 for k in ("reference", "project"):
     r = results[k]
     print(f"{k:<10} {r['s_per_step']:>8.3f} {r['tokens_per_s']:>10.0f} {100 * r['mfu']:>5.1f}% {r['peak_gib']:>9.1f}")
-print(f"project / reference throughput: {results['ratio_project_over_reference']:.3f}")
+print(f"project / reference throughput: {results['ratio_project_over_reference']:.3f} (medians of {args.rounds} rounds; "
+      f"per round {min(results['round_ratios']):.3f}-{max(results['round_ratios']):.3f})")
 for k, r in results.get("ablations", {}).items():
     print(f"  project, {k:<26} {r['s_per_step']:>8.3f} s {r['tokens_per_s']:>10.0f} tok/s {r['ratio']:.3f}x {r['peak_gib']:>6.1f} GiB")
 for k, v in mem.items():
