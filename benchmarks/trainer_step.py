@@ -13,7 +13,8 @@ Random weights with the official config (../shared/assets/qwen2.5-configs, or $S
              the GPU's speed during the run lands on both paths. Peak memory is each path's own (the other
              model's resting memory subtracted).
   --ablate   the project step again with one knob changed, each paired with a reference run: no grad clip,
-             foreach AdamW, LM-head chunks of 4,096 rows, no resharding after forward
+             foreach AdamW, LM-head chunks of 4,096 rows, no resharding after forward, and the LM head's backward
+             with G in fp32 (the code before 2026-12-03)
   --profile  torch.profiler kernel tables of both steps (where the time goes)
   log-probs  peak memory of forward+backward for the log-probs of a micro-batch: full fp32 logits
              [tokens, vocab] at once vs the chunked path
@@ -29,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from envs.backends import shared_dir, tiny_config  # noqa: E402
-from envs.training import adamw_impl, init_distributed, response_select, shard_model, make_batch  # noqa: E402
+from envs.training import _TokenLogprob, adamw_impl, init_distributed, response_select, shard_model, make_batch  # noqa: E402
 from seed_rl import seed_loss  # noqa: E402
 
 p = argparse.ArgumentParser()
@@ -202,6 +203,23 @@ if args.ablate:
     model.set_reshard_after_forward(False)  # keep bf16 layers gathered between forward and backward
     ablate("no_reshard_after_forward", project_step)
     model.set_reshard_after_forward(True)
+
+    def fp32_G_backward(ctx, g):  # _TokenLogprob.backward before 2026-12-03: G in fp32, cast for the matmuls
+        h, w, tgt, lp = ctx.saved_tensors
+        grad_h, grad_w = torch.empty_like(h), torch.zeros_like(w)
+        for s in range(0, h.shape[0], ctx.chunk):
+            hc, gc = h[s:s + ctx.chunk], g[s:s + ctx.chunk]
+            G = torch.softmax(hc @ w.t(), -1, dtype=g.dtype)
+            G.mul_(-gc[:, None])
+            G[torch.arange(len(hc), device=h.device), tgt[s:s + ctx.chunk]] += gc
+            G = G.to(h.dtype)
+            torch.mm(G, w, out=grad_h[s:s + ctx.chunk])
+            grad_w.addmm_(G.t(), hc)
+        return grad_h, grad_w, None, None
+
+    bf16_G_backward, _TokenLogprob.backward = _TokenLogprob.backward, staticmethod(fp32_G_backward)
+    ablate("lm_head_backward_fp32_G", project_step)
+    _TokenLogprob.backward = bf16_G_backward
     results["ablations"] = abl
 del opt, ref_model, ref_opt
 peak_reset()
