@@ -54,7 +54,7 @@ A|R)  # performance: trainer step (A only), rollout with each vLLM model runner
       --json "$RUN/perf/rollout_v1.json"
   for v in 2 1; do  # model runner V2, then V1, at seed_rl.py's batch per engine: 16 episodes, 512 new tokens
     step rollout_b16_v$v 120 env VLLM_USE_V2_MODEL_RUNNER=$((v - 1)) $PY benchmarks/rollout.py --skip-hf \
-        --prompts 16 --new-tokens 512 --json "$RUN/perf/rollout_b16_v$v.json"
+        --prompts 16 --new-tokens 512 --repeats 3 --json "$RUN/perf/rollout_b16_v$v.json"
   done
   tar -czf "$OUT/$1.tar.gz" -C "$RUN" perf logs
   ;;
