@@ -219,7 +219,7 @@ if args.ablate:
 
     bf16_G_backward, _TokenLogprob.backward = _TokenLogprob.backward, staticmethod(fp32_G_backward)
     ablate("lm_head_backward_fp32_G", project_step)
-    _TokenLogprob.backward = bf16_G_backward
+    _TokenLogprob.backward = staticmethod(bf16_G_backward)  # as defined: the log-prob memory test below runs it
     results["ablations"] = abl
 del opt, ref_model, ref_opt
 peak_reset()

@@ -101,8 +101,8 @@ class _TokenLogprob(torch.autograd.Function):
         for s in range(0, h.shape[0], ctx.chunk):
             hc, gc, tc = h[s:s + ctx.chunk], g[s:s + ctx.chunk], tgt[s:s + ctx.chunk]
             # G in the compute dtype, as the matmuls below read it: bf16 on GPU, where an fp32 [C, V] block
-            # would double the bytes of the four passes over it (softmax, scale, cast). The softmax kernel
-            # accumulates in fp32 and the scaling runs in fp32; each rounds once to bf16.
+            # would double the bytes of the softmax and the scaling, and need a cast for the matmuls. The
+            # softmax kernel accumulates in fp32 and the scaling runs in fp32; each rounds once to bf16.
             G = torch.softmax(hc @ w.t(), -1)  # [C, V]
             G.mul_(-gc[:, None])  # -g_i p_ij
             # the target column from the forward's fp32 log-prob: g_i (1 - p_i,tgt). Not p rounded to bf16 and
