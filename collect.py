@@ -39,7 +39,7 @@ P = env.PRESET
 # The paper's settings (SPEC.md Stage 1, per-env table); the manifest diffs the run against them.
 PAPER = dict(env=env.NAME, split=P["collect_split"], tasks=P["collect_tasks"], rollouts=P["rollouts"],
              max_steps=P["max_steps"], history=P["history"], temperature=0.4, max_new_tokens=P["max_new_tokens"],
-             max_prompt_tokens=P["max_prompt_tokens"], invalid_penalty=P["invalid_penalty"])
+             max_prompt_tokens=P["max_prompt_tokens"], invalid_penalty=P["invalid_penalty"], invalid_rule="public")
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
 g = p.add_argument_group("env")
@@ -74,7 +74,7 @@ tokenizer = load_tokenizer(args.model)
 manifest = run_manifest("collect.py", args, paper=PAPER, model=args.model, tokenizer=tokenizer, split=args.split,
                         games=games, seeds={"seed": args.seed})
 KEY = ("env", "model", "split", "tasks", "rollouts", "seed", "shard", "max_steps", "history", "temperature",
-       "max_new_tokens", "max_prompt_tokens", "invalid_fallback", "invalid_penalty")  # what shapes an episode
+       "max_new_tokens", "max_prompt_tokens", "invalid_fallback", "invalid_penalty", "invalid_rule")  # shapes an episode
 if os.path.exists(manifest_path):  # resuming: refuse to mix two different collections in one file
     old = json.load(open(manifest_path))["args"]
     diff = {k: (old.get(k), getattr(args, k)) for k in KEY if old.get(k) != getattr(args, k)}
@@ -111,7 +111,8 @@ with EnvPool(f"envs.{env.NAME}:make_game", num_workers=min(args.workers, max(1, 
         episodes, tm = play_episodes(env, batch, pool, policy, tokenizer, max_steps=args.max_steps,
                                      history=args.history, max_prompt_tokens=args.max_prompt_tokens,
                                      max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                     invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty)
+                                     invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
+                                     invalid_rule=args.invalid_rule)
         for k, v in tm.items():
             timings[k] = timings.get(k, 0.0) + v
         for ep in episodes:

@@ -47,7 +47,7 @@ P = env.PRESET
 # The paper's evaluation settings; argparse defaults equal these and the manifest diffs the run against them.
 PAPER = dict(env=env.NAME, splits=",".join(P["eval_splits"]), limit=P["eval_limit"], temperature=S["temperature"],
              max_steps=P["max_steps"], history=P["history"], max_new_tokens=P["max_new_tokens"],
-             max_prompt_tokens=P["max_prompt_tokens"], invalid_penalty=P["invalid_penalty"])
+             max_prompt_tokens=P["max_prompt_tokens"], invalid_penalty=P["invalid_penalty"], invalid_rule="public")
 COLUMNS = env.GROUPS + ["Avg", "All"]  # Avg: mean over the columns (the paper's average); All: over episodes
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
@@ -146,7 +146,7 @@ manifest = run_manifest("evaluate.py", args, paper=PAPER, model=args.model, toke
                         games=[g for s in splits for g in games[s]], seeds={"seed": args.seed},
                         extra={"games_per_split": {s: games_summary(games[s]) for s in splits}})
 KEY = ("env", "model", "splits", "limit", "samples", "seed", "temperature", "max_steps", "history",
-       "max_new_tokens", "max_prompt_tokens", "invalid_fallback", "invalid_penalty")
+       "max_new_tokens", "max_prompt_tokens", "invalid_fallback", "invalid_penalty", "invalid_rule")
 if os.path.exists(manifest_path):  # resuming: refuse to mix two different evaluations in one folder
     with open(manifest_path) as f:
         old = json.load(f)["args"]
@@ -192,7 +192,8 @@ if todo:
                                          history=args.history, max_prompt_tokens=args.max_prompt_tokens,
                                          max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                          invalid_fallback=args.invalid_fallback,
-                                         invalid_penalty=args.invalid_penalty, progress=show)
+                                         invalid_penalty=args.invalid_penalty, invalid_rule=args.invalid_rule,
+                                         progress=show)
             for k, v in tm.items():
                 timings[k] = timings.get(k, 0.0) + v
             for ep in episodes:
@@ -248,6 +249,8 @@ for s in splits:
                   "success_pct": success,
                   "episode_length": {c: overall[c]["length"] for c in env.GROUPS + ["All"]},
                   "invalid_action_pct": {c: pct(overall[c]["invalid_rate"]) for c in env.GROUPS + ["All"]},
+                  "inadmissible_action_pct": {c: pct(overall[c]["inadmissible_rate"]) for c in env.GROUPS + ["All"]},
+                  "score_pct": {c: pct(overall[c]["score"]) for c in env.GROUPS + ["All"]},
                   "truncated_responses": sum(ep.get("truncated_responses", 0) for ep in eps),
                   "prompt_too_long": sum(bool(ep.get("prompt_too_long")) for ep in eps)}
     print(format_summary(overall, f"{s}: success per {env.NAME} group ({len(eps)} episodes)"))

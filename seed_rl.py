@@ -56,13 +56,14 @@ from prompts import build_analysis_prompt, chat_prompt, parse_analysis
 # ====================================================================================================
 # The algorithm. Everything else in this file is plumbing around these two functions.
 
-def grpo_advantages(returns, groups, lengths=None, eps=1e-6):
+def grpo_advantages(returns, groups, lengths=None, eps=1e-6, std_norm=True):
     """GRPO: A_i = (R_i - mean_group(R)) / (std_group(R) + eps) over the episodes of the same task.
 
     returns, groups: one entry per episode. lengths=None: statistics over the group's episodes (the paper);
     lengths given: over the group's flattened step samples, each episode's return counted once per step
     (the public code's choice, `--adv-mode steps`). std is the unbiased one (as verl). A group of one, or
-    one whose returns are all equal, carries no ranking signal: A = 0 (no policy gradient).
+    one whose returns are all equal, carries no ranking signal: A = 0 (no policy gradient). std_norm=False:
+    A = R - mean only (the public code's WebShop runs, SEED_MODE=mean_norm).
     """
     adv = [0.0] * len(returns)
     for g in sorted(set(groups)):
@@ -73,20 +74,24 @@ def grpo_advantages(returns, groups, lengths=None, eps=1e-6):
             continue
         mean, std = pop.mean(), pop.std()
         for i, ri in zip(idx, r):
-            adv[i] = float((ri - mean) / (std + eps))
+            adv[i] = float((ri - mean) / (std + eps)) if std_norm else float(ri - mean)
     return adv
 
 
 def seed_loss(lp, old_lp, ref_lp, teacher_lp, adv, mask, teacher_mask, n_tokens, n_teacher_tokens, *,
-              clip_eps=0.2, kl_coef=0.01, opd_coef=0.01, beta=5.0):
+              clip_eps=0.2, kl_coef=0.01, opd_coef=0.01, beta=5.0, dual_clip=None):
     """SEED's loss on one micro-batch. Every tensor is per token, same shape (e.g. [rows, T]); mask is 1 on
     response tokens (0 on prompt and padding), teacher_mask 1 where the episode has a parsed skill.
     n_tokens, n_teacher_tokens: token counts of the whole mini-batch over all ranks, so that summing the
-    micro-batch losses gives the token-mean over the mini-batch. Returns (loss, sums for logging)."""
+    micro-batch losses gives the token-mean over the mini-batch. dual_clip: None (SPEC.md's PPO clip), or verl's
+    dual-clip constant c (the public code's runs: 3), which caps a negative-advantage token's loss at -c * A.
+    Returns (loss, sums for logging)."""
     m, mt = mask, mask * teacher_mask
     # policy: PPO clip, ratio = exp(lp - old_lp); L_pg = -min(ratio * A, clip(ratio, 1 -+ eps) * A)
     ratio = torch.exp(lp - old_lp)
     pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_eps, 1 + clip_eps))
+    if dual_clip is not None:  # A < 0 and ratio > c: the loss stops growing with the ratio
+        pg = torch.where(adv < 0, torch.minimum(pg, -adv * dual_clip), pg)
     # KL to the reference, k3 ("low-var") estimator: d = ref_lp - lp; kl = exp(d) - d - 1
     d = (ref_lp - lp).clamp(-20, 20)
     kl = (torch.exp(d) - d - 1).clamp(-10, 10)
@@ -182,10 +187,11 @@ def parse_args():
     paper = dict(env=env.NAME, updates=P["updates"], tasks_per_update=P["tasks_per_update"],
                  group_size=P["group_size"], max_steps=P["max_steps"], history=P["history"],
                  max_prompt_tokens=P["max_prompt_tokens"], max_new_tokens=P["max_new_tokens"], temperature=1.0,
-                 invalid_penalty=P["invalid_penalty"], analysis_max_new_tokens=4096, analysis_max_len=16384,
+                 invalid_penalty=P["invalid_penalty"], invalid_rule="public", analysis_max_new_tokens=4096,
+                 analysis_max_len=16384, min_skill_words=1, dual_clip=3.0,
                  lr=P["lr"], warmup_ratio=P["warmup_ratio"], mini_batch=P["mini_batch"],
                  micro_batch=P["micro_batch"], clip_eps=0.2, grad_clip=1.0, kl_coef=P["kl_coef"], opd_coef=0.01,
-                 opd_beta=5.0, adv_mode="episode", analyzer_model=None)
+                 opd_beta=5.0, adv_mode="episode", adv_norm=P["adv_norm"], analyzer_model=None)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     g = p.add_argument_group("env and rollout")
     add_env_arg(g, env)
@@ -206,6 +212,8 @@ def parse_args():
     g.add_argument("--gpu-memory-utilization", type=float, default=0.4, help="vLLM's share of each GPU")
     g.add_argument("--analysis-max-new-tokens", type=int, default=paper["analysis_max_new_tokens"],
                    help="tokens of one self-analysis answer (greedy)")
+    g.add_argument("--min-skill-words", type=int, default=paper["min_skill_words"], help="shortest skill that "
+                   "gets a teacher signal (the public code: any non-empty skill; Stage 1's annotations use 5)")
     g.add_argument("--analysis-max-len", type=int, default=paper["analysis_max_len"],
                    help="analysis prompt + answer limit; longer episodes get no skill (teacher mask 0)")
     g = p.add_argument_group("optimization")
@@ -215,6 +223,9 @@ def parse_args():
     g.add_argument("--mini-batch", type=int, default=paper["mini_batch"], help="step samples per optimizer step (all ranks)")
     g.add_argument("--micro-batch", type=int, default=paper["micro_batch"], help="step samples per forward (per rank)")
     g.add_argument("--clip-eps", type=float, default=paper["clip_eps"], help="PPO clip range")
+    g.add_argument("--dual-clip", type=float, default=paper["dual_clip"], help="dual-clip constant c: a negative-"
+                   "advantage token's loss is capped at -c*A (the paper's public code, verl's clip_ratio_c); 0: off, "
+                   "the plain PPO clip of the paper's text")
     g.add_argument("--grad-clip", type=float, default=paper["grad_clip"], help="global grad-norm clip")
     g.add_argument("--kl-coef", type=float, default=paper["kl_coef"], help="k3 KL-to-reference coefficient (0: no reference)")
     g.add_argument("--opd-coef", type=float, default=paper["opd_coef"], help="OPD coefficient; 0 = plain GRPO (no "
@@ -222,6 +233,8 @@ def parse_args():
     g.add_argument("--opd-beta", type=float, default=paper["opd_beta"], help="sharpness of the OPD sigmoid gate")
     g.add_argument("--adv-mode", default=paper["adv_mode"], choices=["episode", "steps"],
                    help="GRPO statistics over the group's episodes (paper) or its flattened step samples (public code)")
+    g.add_argument("--adv-norm", default=paper["adv_norm"], choices=["mean_std", "mean"],
+                   help="GRPO advantage (R - mean) / std, or R - mean alone (the public code's WebShop runs)")
     g.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True,
                    help="recompute each decoder layer in backward: a micro-batch of 32 x ~2.5k tokens of a 0.5B "
                         "model holds ~80 GB of activations without it")
@@ -322,7 +335,8 @@ def main():
         episodes, rt = play_episodes(env, specs, pool, engine, tokenizer, max_steps=args.max_steps,
                                      history=args.history, max_prompt_tokens=args.max_prompt_tokens,
                                      max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                     invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty)
+                                     invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
+                                     invalid_rule=args.invalid_rule)
         tm["generate"], tm["env"] = rt["generate"], rt["reset"] + rt["env"] + rt["parse"]
         for ep in episodes:  # an env failure leaves its group instead of poisoning the advantages
             if ep["env_failure"]:
@@ -358,7 +372,7 @@ def main():
         # -------------------------------------------------------------------------------------------
         # 4. Advantages: GRPO over the (surviving) episodes of each group, broadcast to every token
         rets, grps, lens = [ep["return"] for ep in episodes], [ep["group"] for ep in episodes], [len(ep["steps"]) for ep in episodes]
-        adv = grpo_advantages(rets, grps, lens if args.adv_mode == "steps" else None)
+        adv = grpo_advantages(rets, grps, lens if args.adv_mode == "steps" else None, std_norm=args.adv_norm == "mean_std")
         for s in samples:
             s["adv"] = adv[s["ep"]]
 
@@ -376,7 +390,8 @@ def main():
                 t = per_token(micro, sel)  # old_lp, ref_lp, teacher_lp, adv, mask, teacher_mask: each [rows, T]
                 loss, sums = seed_loss(lp, t["old_lp"], t["ref_lp"], t["teacher_lp"], t["adv"], t["mask"],
                                        t["teacher_mask"], n_tok, n_teach, clip_eps=args.clip_eps,
-                                       kl_coef=args.kl_coef, opd_coef=args.opd_coef, beta=args.opd_beta)
+                                       kl_coef=args.kl_coef, opd_coef=args.opd_coef, beta=args.opd_beta,
+                                       dual_clip=args.dual_clip or None)
                 # FSDP averages gradients over ranks; this rank's loss is already its share of the global
                 # token-mean, so undo the average by scaling with the world size.
                 (loss * world).backward()
@@ -435,7 +450,7 @@ def self_analysis(analyzer, tokenizer, episodes, args):
     answers = analyzer.generate([prompts[i] for i in fits], max_new_tokens=args.analysis_max_new_tokens,
                                 temperature=0.0, contexts=[episodes[i] for i in fits], want_logprobs=False)
     for i, a in zip(fits, answers):
-        rec, _ = parse_analysis(a.text)
+        rec, _ = parse_analysis(a.text, min_words=args.min_skill_words)
         skills[i] = rec["episode_skill"] if rec else None
     return skills
 
@@ -513,6 +528,7 @@ def update_metrics(env, args, update, episodes, skills, samples, totals, grad_no
            for a, b in zip(s["engine_lp"], s["old_lp"].tolist())]
     light = [dict(group=ep.get("category"), success=ep["success"], score=ep.get("score", float(ep["success"])),
                   length=ep["length"], ret=ep["return"], invalid=sum(not s["valid"] for s in ep["steps"]),
+                  inadmissible=sum(s.get("admissible_action") is False for s in ep["steps"]),
                   steps=len(ep["steps"]), truncated=ep["truncated_responses"], skill=skills[e] is not None)
              for e, ep in enumerate(episodes)]
     gathered = [None] * world
@@ -535,6 +551,7 @@ def update_metrics(env, args, update, episodes, skills, samples, totals, grad_no
                "rollout/return_mean": mean([x["ret"] for x in eps]),
                "rollout/episode_length": mean([x["length"] for x in eps]),
                "rollout/invalid_rate": sum(x["invalid"] for x in eps) / n_steps,
+               "rollout/inadmissible_rate": sum(x["inadmissible"] for x in eps) / n_steps,
                "rollout/truncated_rate": sum(x["truncated"] for x in eps) / n_steps,
                "skill/parse_rate": mean([x["skill"] for x in eps]) if use_opd else None,
                "opd/teacher_coverage": ttok / tok if use_opd else None,

@@ -46,7 +46,7 @@ from envs.models import load_model, load_tokenizer
 from envs.records import (append_jsonl, args_diff, open_jsonl_for_append, read_jsonl, run_manifest, sha256_file,
                           write_manifest)
 from envs.training import adamw_impl, init_distributed, make_batch, print0, response_select, save_hf_checkpoint, shard_model
-from prompts import chat_prompt
+from prompts.chat import sft_example
 
 def data_env(argv):
     """The env of the SFT data (annotate.py writes it into every example): --env if given, else the first
@@ -142,28 +142,21 @@ if bad:
              f"first (record number, id): {bad[:5]}")
 data_sha256 = sha256_file(args.data)
 tokenizer = load_tokenizer(args.model)
-END = tokenizer.convert_tokens_to_ids("<|im_end|>")  # ends every assistant turn in the (Qwen) chat template
-if not isinstance(END, int) or END == tokenizer.unk_token_id:
-    sys.exit(f"the tokenizer of {args.model} has no <|im_end|> token: sft.py assumes a Qwen-style chat template")
 
 
 def tokenize(rec):
-    """prompt ids (chat template, one user message, generation prompt) + target ids + <|im_end|>: the same
-    tokens the template renders for the (user, assistant) conversation, up to its trailing newline."""
-    _, prompt_ids = chat_prompt(tokenizer, rec["prompt"])
-    target_ids = tokenizer(rec["target"], add_special_tokens=False)["input_ids"] + [END]
-    return dict(id=rec["id"], ids=prompt_ids + target_ids, p_len=len(prompt_ids), r_len=len(target_ids))
+    """prompt ids (the chat template, one user message, generation prompt: exactly what Stage 2 renders) + the
+    target ids the loss is taken on: what the template itself renders for the assistant turn, up to and including
+    <|im_end|> (prompts/chat.py `sft_example`; for Qwen2.5 that is target + <|im_end|>, for Qwen3 the same in its
+    default non-thinking mode). A template whose (user, assistant) rendering does not match this layout is refused:
+    training a layout the model never sees would be silent damage."""
+    try:
+        ex = sft_example(tokenizer, rec["prompt"], rec["target"])
+    except ValueError as e:
+        sys.exit(f"record {rec['id']}: {e}; refusing to train on a layout the model never sees")
+    return dict(id=rec["id"], ids=ex["prompt_ids"] + ex["target_ids"], p_len=len(ex["prompt_ids"]),
+                r_len=len(ex["target_ids"]))
 
-
-# Check the layout against the template itself on the first records: a template that renders the assistant
-# turn differently (e.g. inserts a think block) would silently train a format the model never sees.
-for rec in records[:3]:
-    full = tokenizer.apply_chat_template([{"role": "user", "content": rec["prompt"]},
-                                          {"role": "assistant", "content": rec["target"]}], tokenize=False)
-    rendered = tokenizer(full.removesuffix("\n"), add_special_tokens=False)["input_ids"]
-    if rendered != tokenize(rec)["ids"]:
-        sys.exit(f"record {rec['id']}: the chat template renders (user, assistant) differently from "
-                 f"prompt + target + <|im_end|>; refusing to train on a layout the model never sees")
 
 splits = {"train": [], "val": []}
 too_long = {"train": [], "val": []}

@@ -24,6 +24,7 @@ PRESET = dict(max_steps=30, history=5, max_prompt_tokens=2048, max_new_tokens=51
               warmup_ratio=0.0, updates=150, sft_max_length=8192, collect_tasks=180, rollouts=8,
               collect_split="train", eval_splits=["valid_seen", "valid_unseen"], eval_limit=None,
               eval_sizes={"valid_seen": 140, "valid_unseen": 134},
+              adv_norm="mean_std",  # GRPO's (R - mean) / std (the public code's WebShop runs use R - mean)
               # bound on the analysis prompt in characters (~4 per token): keeps prompt + answer inside
               # SFT's 8,192 tokens (a 30-step episode of 512-token responses would be ~16k tokens)
               analysis_max_chars=24_000)
@@ -207,11 +208,13 @@ def reward(state, valid, invalid_penalty=INVALID_PENALTY):
 #   step t > 1  role + task line, steps taken so far, the last k (observation, action) pairs, current step
 #               number and observation, admissible actions, closing instruction
 # The skill-aware "teacher" prompt of Stage 2 is the same prompt with an episode-skill block inserted right
-# after the task line (step 1 has no task line of its own: the block goes before the closing instruction).
+# after the task line (at step 1 that line is inside the observation, as in the public code's
+# seed/prompting.py; an observation without one gets the block before the closing instruction).
 # Both prompts are built by the one function below, so they differ by exactly that block.
 
 ROLE = "You are an expert agent operating in the ALFRED embodied environment."
 
+TASK_LINE_RE = re.compile(r"^.*Your task is to:.*$", re.MULTILINE)
 CLOSING = (
     "Now it is your turn to act. First reason step by step about the current situation; this reasoning "
     "MUST be enclosed in <think> </think> tags. Then choose exactly one admissible action for this step "
@@ -220,7 +223,8 @@ CLOSING = (
 
 
 def quote_actions(admissible):
-    return ", ".join(f"'{a}'" for a in admissible)
+    """One quoted action per line, as the paper's public code lists them (env_manager.py build_text_obs)."""
+    return "\n ".join(f"'{a}'" for a in admissible)
 
 
 def format_history(history, first_index):
@@ -238,9 +242,13 @@ def build_agent_prompt(observation, admissible, *, step, task=None, history=(), 
     """
     actions = quote_actions(admissible)
     block = skill_block(skill) if skill else ""
-    if step == 1:
+    if step == 1:  # the task line is inside the first observation: the block goes right after it, if it is there
+        current = f"Your current observation is: {observation}\n"
+        task_line = TASK_LINE_RE.search(current)
+        if block and task_line:
+            current, block = current[:task_line.end() + 1] + block + current[task_line.end() + 1:], ""
         return (f"{ROLE}\n"
-                f"Your current observation is: {observation}\n"
+                f"{current}"
                 f"Your admissible actions in the current situation are: [{actions}].\n\n"
                 f"{block}{CLOSING}")
     k = len(history)

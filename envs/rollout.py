@@ -32,13 +32,14 @@ evaluate.py and the summaries (E).
 | prompt, prompt_ids, history_used | the plain prompt exactly as generated from (text, token ids, history entries k) | R |
 | response, response_ids, response_logprobs, truncated | the sampled response (text, token ids incl. the stop token, the engine's log-probs, cut at the limit) | A R |
 | action, executed, valid, invalid_reason | the parsed action, what the env ran, the validity rule's verdict | A E |
+| admissible_action | the action was in the admissible list (None: the env gives none); its own metric | E R |
 | observation, admissible | what the agent saw before acting (rebuilds the prompt with a skill) | A R |
 | reward, done, won, score, feedback | the env's answer to the step | A E |
 """
 import time
 
 from envs import load_env
-from prompts import chat_prompt
+from prompts.chat import chat_prompt, requires_think_tags
 
 
 def sample_seed(*parts):
@@ -79,10 +80,16 @@ def new_episode(env, spec, state):
 
 
 def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=5, max_prompt_tokens=2048,
-                  max_new_tokens=512, temperature=0.4, invalid_fallback=None, invalid_penalty=None, progress=None):
+                  max_new_tokens=512, temperature=0.4, invalid_fallback=None, invalid_penalty=None,
+                  invalid_rule="public", progress=None):
     """env: the env module; specs: one task dict per episode (its task fields plus group, rollout, seed, uid).
+    invalid_rule: 'public' (the env's validity rule, as the paper's public code) or 'strict' (a well-formed
+    action that is not admissible is invalid too: the stricter ablation). Either way each step records whether
+    its action was admissible (`admissible_action`; None where the env gives no admissible list).
     Returns (episodes, timings) where timings = seconds spent in {'reset','generate','parse','env'}."""
     invalid_penalty = env.PRESET["invalid_penalty"] if invalid_penalty is None else invalid_penalty
+    # Qwen3 with thinking off writes no <think> block of its own (the empty one is in the prompt): no think rule
+    require_think = requires_think_tags(tokenizer)
     timings = {"reset": 0.0, "generate": 0.0, "parse": 0.0, "env": 0.0}
     t0 = time.perf_counter()
     states = pool.reset(specs)  # each worker builds its game from the task dict (env.make_game)
@@ -120,12 +127,15 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
         actions, parsed = {}, {}
         for i, (text, ids, k), g in zip(ready, prompts, gens):
             ep = episodes[i]
-            action, valid, reason = env.parse_action(g.text, ep["_admissible"])
+            action, valid, reason = env.parse_action(g.text, ep["_admissible"], require_think=require_think)
+            admissible = action in ep["_admissible"] if ep["_admissible"] else None
+            if invalid_rule == "strict" and valid and admissible is False:
+                valid, reason = False, "not_admissible"
             actions[i] = env.action_to_execute(g.text, action, invalid_fallback)
             parsed[i] = dict(step=t + 1, prompt=text, prompt_ids=list(ids), history_used=k,
                              response=g.text, response_ids=list(g.token_ids), response_logprobs=g.logprobs,
                              truncated=g.finish_reason == "length", action=action, executed=actions[i],
-                             valid=valid, invalid_reason=reason, observation=ep["_obs"],
+                             valid=valid, invalid_reason=reason, admissible_action=admissible, observation=ep["_obs"],
                              admissible=list(ep["_admissible"]))
         timings["parse"] += time.perf_counter() - t0
         # ---- env
@@ -180,10 +190,20 @@ def summarize_episodes(episodes, env=None):
                      "score": mean([ep.get("score", float(ep["success"])) for ep in eps]),
                      "length": mean([ep["length"] for ep in eps]),
                      "invalid_rate": sum(not s["valid"] for ep in eps for s in ep["steps"]) / n_steps
-                     if n_steps else None}
+                     if n_steps else None,
+                     "inadmissible_rate": inadmissible_rate(eps)}
     out["env_failures"] = failures
     out["prompt_too_long"] = sum(bool(ep.get("prompt_too_long")) for ep in rows["All"])
     return out
+
+
+def inadmissible_rate(episodes):
+    """Share of steps whose parsed action is not in the env's admissible list (a step without action tags counts:
+    what runs is then not an admissible action either), over the steps where the env gives such a list; None when
+    it never does (Search). With the public validity rule these steps are valid: they only waste a step."""
+    flags = [s.get("admissible_action") for ep in episodes for s in ep["steps"]]
+    flags = [f for f in flags if f is not None]
+    return sum(not f for f in flags) / len(flags) if flags else None
 
 
 def format_summary(summary, title="success per task type"):
@@ -191,13 +211,14 @@ def format_summary(summary, title="success per task type"):
     # the mean score is shown only where it says more than success (WebShop's partial credit)
     scored = any(r["score"] != r["success"] for k, r in summary.items() if isinstance(r, dict))
     lines = [title, f"{'column':<8} {'episodes':>8} {'success%':>8}" + (f" {'score%':>7}" if scored else "")
-             + f" {'length':>7} {'invalid%':>8}"]
+             + f" {'length':>7} {'invalid%':>8} {'inadm.%':>7}"]
     for name, r in summary.items():
         if name in ("env_failures", "prompt_too_long"):
             continue
         lines.append(f"{name:<8} {r['episodes']:>8} {fmt(r['success'], True):>8}"
                      + (f" {fmt(r['score'], True):>7}" if scored else "")
-                     + f" {fmt(r['length']):>7} {fmt(r['invalid_rate'], True):>8}")
+                     + f" {fmt(r['length']):>7} {fmt(r['invalid_rate'], True):>8} "
+                     f"{fmt(r.get('inadmissible_rate'), True):>7}")
     lines.append(f"env failures (excluded): {summary['env_failures']}")
     if summary.get("prompt_too_long"):
         lines.append(f"episodes cut with a prompt over the limit (counted as failures): {summary['prompt_too_long']}")
@@ -216,4 +237,7 @@ def add_rollout_args(group, paper, temperature_help="sampling temperature"):
     group.add_argument("--invalid-penalty", type=float, default=paper["invalid_penalty"],
                        help="reward of an invalid step")
     group.add_argument("--invalid-fallback", default=None, help="action executed when a response has no action tags "
-                       "(default: the env's rule, e.g. ALFWorld's tail of the raw response)")
+                       "(default: the env's rule, e.g. ALFWorld's last 30 characters of the lower-cased response)")
+    group.add_argument("--invalid-rule", default="public", choices=["public", "strict"],
+                       help="public: the env's validity rule, as the paper's public code (tags, CJK); strict: an "
+                       "inadmissible action is invalid too (the stricter ablation)")

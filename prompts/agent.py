@@ -15,47 +15,47 @@ def skill_block(skill):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Parsing. The action is the text of the LAST <action>...</action>, stripped and lower-cased. A step is
-# invalid when the action tags or the think tags are missing, the text contains CJK characters, or the
-# action is not admissible. Invalid steps still execute something (see `action_to_execute`) and are
-# penalized by the environment wrapper.
+# Parsing: the rule of the paper's public code (its ALFWorld/WebShop projections, SPEC.md "Agent prompt").
+# The action is the text between the FIRST "<action>" and the FIRST "</action>" of the lower-cased response,
+# stripped. A step is invalid when the action tags are missing, the think tags are missing (checked on the
+# original text, case-sensitive, as the public code does), or the response contains a CJK ideograph
+# (U+4E00-U+9FFF). Admissibility is NOT validity: a well-formed inadmissible action is executed, the env
+# answers "Nothing happens.", and it costs only the wasted step (the rollout loop records it as
+# `admissible_action` False and can make it invalid with --invalid-rule strict, the stricter ablation).
+# Invalid steps still execute something (see `action_to_execute`) and are penalized by the env's reward.
 
-# The block's text may not contain another "<action>": a tag mentioned in the reasoning ("I answer with
-# <action> tags") must not swallow the real block that follows it.
-ACTION_RE = re.compile(r"<action>((?:(?!<action>).)*?)</action>", re.DOTALL | re.IGNORECASE)
-THINK_OPEN_RE = re.compile(r"<think>", re.IGNORECASE)
-THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
-# CJK unified ideographs (+ext. A, compatibility), CJK punctuation, kana, hangul, full-width forms.
-CJK_RE = re.compile(r"[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
+CJK_RE = re.compile(r"[\u4e00-\u9fff]")
+FALLBACK_CHARS = 30  # without action tags the env runs the last 30 characters of the lower-cased response
 
 
-def parse_action(text, admissible):
-    """Returns (action, valid, reason). action is '' when there are no action tags; reason '' when valid.
-
-    Reasons, checked in this order: 'no_action_tags', 'no_think_tags', 'cjk', 'not_admissible'.
-    """
+def parse_action(text, admissible=None, require_think=True):
+    """Returns (action, valid, reason): reason '' when valid, else the first failed check, in this order:
+    'no_action_tags', 'no_think_tags', 'cjk'. action is '' when there are no action tags (and when the tags
+    come in reverse order: the public code's slice is then empty, and the step still counts as valid).
+    require_think=False drops the think rule (Qwen3 with thinking off: prompts/chat.py `requires_think_tags`).
+    `admissible` is not consulted: the rollout loop records admissibility apart."""
     if not isinstance(text, str):
         text = "" if text is None else str(text)
-    found = ACTION_RE.findall(text)
-    action = " ".join(found[-1].split()).lower() if found else ""
-    if not found:
-        return action, False, "no_action_tags"
-    if not (THINK_OPEN_RE.search(text) and THINK_CLOSE_RE.search(text)):
+    lower = text.lower()
+    start, end = lower.find("<action>"), lower.find("</action>")
+    if start == -1 or end == -1:
+        return "", False, "no_action_tags"
+    action = lower[start + len("<action>"):end].strip()
+    if require_think and (text.find("<think>") == -1 or text.find("</think>") == -1):
         return action, False, "no_think_tags"
     if CJK_RE.search(text):
         return action, False, "cjk"
-    if action not in set(admissible):
-        return action, False, "not_admissible"
     return action, True, ""
 
 
 def action_to_execute(text, action, fallback=None):
     """What the env executes for a step: the parsed action when there is one (an inadmissible one gets
-    "Nothing happens."); otherwise `fallback` if set (e.g. 'look'), else the raw text's last 50
-    characters (whitespace folded), which the env also answers with "Nothing happens."."""
+    "Nothing happens."); otherwise `fallback` if set (e.g. 'look'), else the last 30 characters of the
+    lower-cased response (the public code's rule), which the env also answers with "Nothing happens."; never
+    an empty command ('look' for an empty or blank response)."""
     if action:
         return action
     if fallback:
         return fallback
-    tail = " ".join(str(text or "").split())[-50:]
-    return tail or "look"
+    tail = str(text or "").lower()[-FALLBACK_CHARS:]
+    return tail if tail.strip() else "look"

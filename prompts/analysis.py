@@ -108,7 +108,7 @@ def _json_objects(text):
         i = end
 
 
-def parse_analysis(text):
+def parse_analysis(text, min_words=MIN_SKILL_WORDS):
     """Returns (record, reason): record = {"episode_summary", "episode_skill"} or None with a reason:
     'empty', 'no_json', 'missing_keys', 'not_strings', 'skill_too_short'. Never raises."""
     if not isinstance(text, str) or not text.strip():
@@ -125,7 +125,7 @@ def parse_analysis(text):
     if not isinstance(summary, str) or not isinstance(skill, str):
         return None, "not_strings"
     summary, skill = " ".join(summary.split()), " ".join(skill.split())
-    if len(skill.split()) < MIN_SKILL_WORDS:
+    if len(skill.split()) < max(1, min_words):
         return None, "skill_too_short"
     return {"episode_summary": summary, "episode_skill": skill}, ""
 

@@ -1,9 +1,10 @@
 """ALFWorld behaviour pinned across refactors: the same seeds give the same episodes and the same losses.
 
-tests/data/alfworld_fingerprint.json was recorded with the code before the env interface existed (commit
-4fa96d7): the expert and tiny collect.py runs of the conftest fixtures (executed actions, validity, returns) and
-the 2 seed_rl.py updates of tests/test_seed_rl.py (losses and rollout statistics; asserted there, on the run
-that file already makes).
+tests/data/alfworld_fingerprint.json: the expert and tiny collect.py runs of the conftest fixtures (executed
+actions, validity, returns) and the 2 seed_rl.py updates of tests/test_seed_rl.py (losses and rollout statistics;
+asserted there, on the run that file already makes). Recorded before the env interface existed (4fa96d7) and
+asserted after the move; re-recorded once, at the protocol-fidelity change that alters the fallback action (its
+"about" says so).
 """
 import json
 import os

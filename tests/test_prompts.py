@@ -14,12 +14,12 @@ from envs.alfworld import CLOSING, ROLE, build_agent_prompt, extract_task
 from prompts import MIN_SKILL_WORDS, action_to_execute, parse_action, parse_analysis, skill_block, target_json
 
 ADM = ["go to desk 1", "go to shelf 2", "open drawer 1", "inventory", "look"]
-REASONS = {"", "no_action_tags", "no_think_tags", "cjk", "not_admissible"}
+REASONS = {"", "no_action_tags", "no_think_tags", "cjk"}
 ANALYSIS_REASONS = {"", "empty", "no_json", "missing_keys", "not_strings", "skill_too_short"}
 
 
 # ----------------------------------------------------------------------------------------------------
-# Action parsing: exact results
+# Action parsing: exact results, the public code's rule (SPEC.md "Agent prompt", ALFWorld projection.py)
 
 @pytest.mark.parametrize("text, expected", [
     # a valid step
@@ -32,28 +32,40 @@ ANALYSIS_REASONS = {"", "empty", "no_json", "missing_keys", "not_strings", "skil
     ("<action>go to desk 1</action>", ("go to desk 1", False, "no_think_tags")),
     ("I think so.</think><action>go to desk 1</action>", ("go to desk 1", False, "no_think_tags")),
     ("<think>I think so.<action>go to desk 1</action>", ("go to desk 1", False, "no_think_tags")),
-    # two action blocks: the last one counts (whether or not the first was admissible)
+    # the think tags are checked on the original text, case-sensitive (as the public code does)
+    ("<THINK>x</THINK><action>look</action>", ("look", False, "no_think_tags")),
+    # two action blocks: the FIRST "<action>" and the FIRST "</action>" count
     ("<think>a</think><action>go to desk 1</action> no wait <action>open drawer 1</action>",
-     ("open drawer 1", True, "")),
-    ("<think>a</think><action>open drawer 1</action><action>fly away</action>", ("fly away", False, "not_admissible")),
-    # a tag mentioned inside the reasoning does not swallow the real block
-    ("<think>I answer inside <action> tags.</think><action>look</action>", ("look", True, "")),
-    # CJK anywhere in the text (ideographs, kana, hangul, full-width punctuation) makes the step invalid
+     ("go to desk 1", True, "")),
+    # a tag mentioned in the reasoning opens the block: the public slice runs from it to the first closing tag
+    ("<think>I answer inside <action> tags.</think><action>look</action>",
+     ("tags.</think><action>look", True, "")),
+    # closing tag before the opening one: the public slice is empty and the step counts as valid
+    ("<think>x</think></action>go<action>", ("", True, "")),
+    # a CJK ideograph (U+4E00-U+9FFF) anywhere makes the step invalid; kana, hangul, full-width punctuation do not
     ("<think>我应该去桌子</think><action>go to desk 1</action>", ("go to desk 1", False, "cjk")),
-    ("<think>ok</think><action>go to desk 1</action>カ", ("go to desk 1", False, "cjk")),
-    ("<think>ok</think><action>go to desk 1</action>한", ("go to desk 1", False, "cjk")),
-    ("<think>ok，</think><action>go to desk 1</action>", ("go to desk 1", False, "cjk")),  # full-width comma
-    # upper case, extra whitespace, newlines and tabs: lower-cased and folded
-    ("<THINK>x</Think><Action>  Go   To\n\tDESK 1  </ACTION>", ("go to desk 1", True, "")),
-    # not admissible (including an empty block)
-    ("<think>x</think><action>go to desk 7</action>", ("go to desk 7", False, "not_admissible")),
-    ("<think>x</think><action>   </action>", ("", False, "not_admissible")),
-    # the checks come in SPEC order: action tags, think tags, CJK, admissibility
+    ("<think>ok</think><action>go to desk 1</action>カ", ("go to desk 1", True, "")),
+    ("<think>ok</think><action>go to desk 1</action>한", ("go to desk 1", True, "")),
+    ("<think>ok，</think><action>go to desk 1</action>", ("go to desk 1", True, "")),
+    # the action: lower-cased and stripped (inner whitespace kept, as the public code does)
+    ("<think>x</think><Action>  Go To DESK 1  </ACTION>", ("go to desk 1", True, "")),
+    ("<think>x</think><action> go  to\tdesk 1 </action>", ("go  to\tdesk 1", True, "")),
+    # admissibility is NOT validity: a well-formed inadmissible action is valid (the env says "Nothing happens.")
+    ("<think>x</think><action>go to desk 7</action>", ("go to desk 7", True, "")),
+    ("<think>x</think><action>   </action>", ("", True, "")),
+    # the checks come in this order: action tags, think tags, CJK
     ("<action>去 desk</action>", ("去 desk", False, "no_think_tags")),
     ("<think>去</think><action>go to desk 7</action>", ("go to desk 7", False, "cjk")),
 ])
 def test_parse_action_cases(text, expected):
     assert parse_action(text, ADM) == expected
+
+
+def test_parse_action_without_the_think_rule():
+    """Qwen3 with thinking off (prompts/chat.py requires_think_tags): the think rule is dropped, nothing else."""
+    assert parse_action("<action>look</action>", ADM, require_think=False) == ("look", True, "")
+    assert parse_action("<action>去</action>", ADM, require_think=False) == ("去", False, "cjk")
+    assert parse_action("look", ADM, require_think=False) == ("", False, "no_action_tags")
 
 
 def test_parse_action_non_string_input():
@@ -67,11 +79,11 @@ def test_action_to_execute_fallback_rules():
     assert action_to_execute("<action>go to desk 7</action>", "go to desk 7", fallback="look") == "go to desk 7"
     # no action: the configured fallback ...
     assert action_to_execute("I will go to the desk", "", fallback="look") == "look"
-    # ... else the last 50 characters of the raw text, whitespace folded
-    raw = "I  think\n\n" + "x" * 30 + "   and then   go to the desk now"
+    # ... else the last 30 characters of the lower-cased response (the public code's rule)
+    raw = "I  Think\n\n" + "x" * 30 + "   and then   GO to the desk now"
     tail = action_to_execute(raw, "")
-    assert tail == " ".join(raw.split())[-50:] and len(tail) == 50
-    assert action_to_execute("go to desk 1", "") == "go to desk 1"
+    assert tail == raw.lower()[-30:] and len(tail) == 30
+    assert action_to_execute("Go to desk 1", "") == "go to desk 1"
     # ... and never an empty command
     assert action_to_execute("", "") == "look"
     assert action_to_execute(" \n\t ", "") == "look"
@@ -131,6 +143,9 @@ def test_parse_analysis_rejections():
 
 def test_parse_analysis_skill_word_limit():
     assert MIN_SKILL_WORDS == 5
+    # Stage 2's teacher mask takes any non-empty skill by default (the public code; seed_rl.py --min-skill-words)
+    assert parse_analysis(_obj(skill="Open the fridge first."), min_words=1)[0]["episode_skill"] == "Open the fridge first."
+    assert parse_analysis(_obj(skill="   "), min_words=1) == (None, "skill_too_short")
     assert parse_analysis(_obj(skill="Open the fridge first.")) == (None, "skill_too_short")  # 4 words
     assert parse_analysis(_obj(skill="  Open   the\nfridge  ")) == (None, "skill_too_short")
     rec, reason = parse_analysis(_obj(skill="Open  the fridge\n first, always."))  # 5 words, folded
@@ -176,12 +191,12 @@ def test_parsers_never_raise_and_are_well_typed():
         action, valid, reason = parse_action(text, ADM)
         assert isinstance(action, str) and isinstance(valid, bool) and reason in REASONS
         assert valid == (reason == "")
-        assert action == " ".join(action.split()).lower()  # lower-cased, whitespace folded
+        assert action == action.strip() and action == action.lower()  # stripped, lower-cased
         if valid:
-            assert action in ADM
+            assert "<think>" in text and "</think>" in text and not re.search(r"[\u4e00-\u9fff]", text)
             n_valid += 1
         executed = action_to_execute(text, action)
-        assert isinstance(executed, str) and executed and len(executed) <= max(50, len(action))
+        assert isinstance(executed, str) and executed and len(executed) <= max(30, len(action))
         assert action_to_execute(text, action, fallback="look") == (action or "look")
 
         rec, why = parse_analysis(text)
@@ -213,8 +228,8 @@ def test_step1_prompt_fields():
     p = build_agent_prompt(OBS1, ADM, step=1)
     assert p.startswith(ROLE) and "expert agent" in p and "ALFRED embodied environment" in p
     assert f"Your current observation is: {OBS1}\n" in p
-    assert "Your admissible actions in the current situation are: ['go to desk 1', 'go to shelf 2', " \
-           "'open drawer 1', 'inventory', 'look']." in p
+    assert "Your admissible actions in the current situation are: ['go to desk 1'\n 'go to shelf 2'\n " \
+           "'open drawer 1'\n 'inventory'\n 'look']." in p  # one per line, as the public code lists them
     assert "'help'" not in p
     assert p.endswith(CLOSING) and "<think> </think>" in CLOSING and "<action> </action>" in CLOSING
     # step 1 has no task line (the task is inside the observation), no history, no step count
@@ -233,7 +248,7 @@ def test_later_step_prompt_fields(step, k):
     expected = [(str(i), f"obs number {i}", str(i), f"act number {i}") for i in range(step - k, step)]
     assert entries == expected
     assert f"You are now at step {step} and your current observation is: You arrive at desk 1.\n" in p
-    assert "['go to desk 1', 'go to shelf 2', 'open drawer 1', 'inventory', 'look']" in p
+    assert "['go to desk 1'\n 'go to shelf 2'\n 'open drawer 1'\n 'inventory'\n 'look']" in p
     assert p.endswith(CLOSING)
 
 
@@ -252,3 +267,14 @@ def test_skill_block_is_the_only_difference(step):
     assert teach == plain[:at] + block + plain[at:]
     # no skill (None or empty) is the plain prompt
     assert build_agent_prompt("You see a drawer.", ADM, step=step, task=TASK, history=history, skill="") == plain
+
+
+def test_step1_skill_block_goes_after_the_task_line_of_the_observation():
+    """At step 1 the task line is the first observation's own last line: the block goes right after it (the
+    public code's seed/prompting.py), not after the action list."""
+    skill = "First open the drawer, then take the pen and put it on the shelf."
+    plain = build_agent_prompt(OBS1, ADM, step=1)
+    teach = build_agent_prompt(OBS1, ADM, step=1, skill=skill)
+    at = plain.index("Your task is to: put some pen on shelf.\n") + len("Your task is to: put some pen on shelf.\n")
+    assert teach == plain[:at] + skill_block(skill) + plain[at:]
+    assert teach.index(skill) < teach.index("Your admissible actions")

@@ -25,6 +25,12 @@ def test_advantages_episode_mode_hand_computed():
     assert adv[4] == pytest.approx(-1.0911, abs=1e-4)
 
 
+def test_advantages_mean_only_normalisation():
+    # the public code's WebShop runs (SEED_MODE=mean_norm): A = R - mean, no std; group 0: R = 10, 0, 0, 2 (mean 3)
+    adv = grpo_advantages([10.0, 0.0, 0.0, 2.0, 5.0], [0, 0, 0, 0, 1], std_norm=False)
+    assert adv == pytest.approx([7.0, -3.0, -3.0, -1.0, 0.0])
+
+
 def test_advantages_all_equal_and_singleton_groups_are_zero():
     # all equal (e.g. every rollout failed with the same penalty): exactly 0, not (R - mean) / 1e-6 noise
     adv = grpo_advantages([-0.3, -0.3, -0.3, 7.2, 10.0, 0.0], [0, 0, 0, 1, 2, 2])
@@ -66,6 +72,22 @@ def test_ppo_clip_both_sides():
     assert loss == pytest.approx((-1.2 - 0.5 + 1.5 + 0.8) / 4)
     assert grad == pytest.approx([0.0, -0.5 / 4, 1.5 / 4, 0.0])
     assert sums["clipped"] == 4 and sums["pg"] == pytest.approx(-1.2 - 0.5 + 1.5 + 0.8)
+
+
+def test_dual_clip_caps_negative_advantage_tokens():
+    # verl's dual clip (c = 3; the public code's runs): for A < 0 the loss is min(PPO loss, -c A)
+    # ratios 5, 5, 2, 0.5 with A = -1, +1, -1, -1
+    lrs = [math.log(5.0), math.log(5.0), math.log(2.0), math.log(0.5)]
+    loss, grad, _ = _loss(lrs, [0.0] * 4, [0.0] * 4, [0.0] * 4, [-1, 1, -1, -1], tmask=[0] * 4, kl_coef=0.0,
+                          opd_coef=0.0, dual_clip=3.0)
+    # A<0, r=5: PPO 5.0 -> capped at 3.0, no grad; A>0, r=5: -1.2 (clipped, no grad, untouched by the dual clip);
+    # A<0, r=2: 2.0 < 3 (grad -r A = 2); A<0, r=0.5: 0.8 (clipped, no grad)
+    assert loss == pytest.approx((3.0 - 1.2 + 2.0 + 0.8) / 4)
+    assert grad == pytest.approx([0.0, 0.0, 2.0 / 4, 0.0])
+    # without it (SPEC.md's loss) the first token costs 5.0 and pushes its ratio down with gradient 5
+    loss, grad, _ = _loss(lrs, [0.0] * 4, [0.0] * 4, [0.0] * 4, [-1, 1, -1, -1], tmask=[0] * 4, kl_coef=0.0,
+                          opd_coef=0.0)
+    assert loss == pytest.approx((5.0 - 1.2 + 2.0 + 0.8) / 4) and grad[0] == pytest.approx(5.0 / 4)
 
 
 def test_k3_kl_value_gradient_and_clamps():

@@ -1,0 +1,180 @@
+"""prompts/chat.py: Qwen2.5 prompts unchanged; Qwen3's thinking switch; prompt/response and SFT token alignment.
+
+CPU only, no model. The Qwen3 tokenizer is the real Qwen2.5 tokenizer folder with its chat template replaced by
+a Qwen3-style one written here (the behaviour that matters: no default system turn; `enable_thinking=False`
+closes an empty think block in the generation prompt; an assistant turn after the last user turn is rendered
+with a think block, empty when the answer has no reasoning). The Qwen2.5 vocabulary is enough: nothing here
+depends on <think> being one token.
+"""
+import json
+import os
+import shutil
+
+import pytest
+
+import prompts
+from envs.models import default_tokenizer_path
+from prompts.chat import (THINKING_DEFAULT, chat_prompt, requires_think_tags, resolve_thinking, sft_example,
+                          supports_thinking, template_kwargs)
+
+QWEN25_DIR = default_tokenizer_path()  # the real Qwen2.5 tokenizer folder (../shared/assets/qwen2.5-tokenizer)
+
+QWEN3_STYLE_TEMPLATE = (
+    "{%- if messages and messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'assistant' %}"
+    "{%- set content = m.content %}{%- set reasoning = '' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > ns.last_user %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+QWEN25_SYSTEM = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+USER_TEXTS = ["You are an expert agent operating in the ALFRED embodied environment.\nYour task is to: put a mug "
+              "in the sink.\nYour admissible actions in the current situation are: ['look', 'go to sink 1'].",
+              "Review this episode and answer with JSON.\n\n  trailing spaces  \n", "中文 and émigré — ünïcode"]
+RESPONSES = ["<think>The mug is on the counter.</think>\n<action>go to countertop 1</action>",
+             "<action>look</action>", "I will look around first. <action>look</action>",
+             "<think>\nnative thinking opens with a newline\n</think>\n\n<action>look</action>"]
+ANSWER = json.dumps({"episode_summary": "The agent found the mug and cleaned it.",
+                     "episode_skill": "First locate the object, then go to the sink before placing it."})
+
+
+@pytest.fixture(scope="module")
+def qwen25():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(QWEN25_DIR)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    """The real Qwen2.5 tokenizer files with a Qwen3-style chat template in tokenizer_config.json."""
+    from transformers import AutoTokenizer
+    d = tmp_path_factory.mktemp("qwen3-style-tokenizer")
+    for name in os.listdir(QWEN25_DIR):
+        shutil.copy(os.path.join(QWEN25_DIR, name), d / name)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = QWEN3_STYLE_TEMPLATE
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return AutoTokenizer.from_pretrained(str(d))
+
+
+def ids(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Qwen2.5: byte-identical to what the project always rendered (the template with no extra arguments)
+
+@pytest.mark.parametrize("user", USER_TEXTS)
+def test_qwen25_prompt_unchanged(qwen25, user):
+    text, tok_ids = chat_prompt(qwen25, user)
+    before = qwen25.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
+    assert (text, tok_ids) == (before, ids(qwen25, before)) and prompts.chat_prompt is chat_prompt
+    assert text == f"{QWEN25_SYSTEM}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    assert tok_ids == ids(qwen25, text)
+    # no switch in the template: off is the same prompt, on is refused, and the <think> rule applies
+    assert not supports_thinking(qwen25) and resolve_thinking(qwen25) is None and template_kwargs(qwen25) == {}
+    assert chat_prompt(qwen25, user, thinking=False) == (text, tok_ids)
+    assert chat_prompt(qwen25, user, thinking="auto") == (text, tok_ids)
+    with pytest.raises(ValueError):
+        chat_prompt(qwen25, user, thinking=True)
+    assert requires_think_tags(qwen25) and requires_think_tags(qwen25, False)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Qwen3: thinking off (the default) and on
+
+@pytest.mark.parametrize("user", USER_TEXTS)
+def test_qwen3_thinking_off_is_the_default(qwen3, user):
+    assert supports_thinking(qwen3) and THINKING_DEFAULT is False
+    text, tok_ids = chat_prompt(qwen3, user)
+    # no default system turn; the generation prompt closes an empty think block
+    assert text == f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{EMPTY_THINK}"
+    assert (text, tok_ids) == chat_prompt(qwen3, user, thinking=False) == chat_prompt(qwen3, user, thinking="off")
+    assert tok_ids == ids(qwen3, text)
+    # the response follows a closed think block: the <think> rule is off (the public code's rule)
+    assert not requires_think_tags(qwen3) and not requires_think_tags(qwen3, "off")
+
+
+@pytest.mark.parametrize("user", USER_TEXTS)
+def test_qwen3_thinking_on(qwen3, user):
+    text, tok_ids = chat_prompt(qwen3, user, thinking=True)
+    assert text == f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    assert chat_prompt(qwen3, user, thinking="on") == (text, tok_ids)
+    # the model opens its own block, which satisfies the <think> rule
+    assert requires_think_tags(qwen3, True)
+    # the two modes differ by exactly the empty think block at the end of the prompt
+    assert chat_prompt(qwen3, user)[0] == text + EMPTY_THINK
+
+
+# ----------------------------------------------------------------------------------------------------
+# Prompt + response: response tokens are the same after the prompt as alone
+
+@pytest.mark.parametrize("mode", [None, True])
+@pytest.mark.parametrize("response", RESPONSES)
+def test_prompt_response_tokens_align(qwen3, qwen25, mode, response):
+    for tok, thinking in ((qwen3, mode), (qwen25, None)):
+        text, p_ids = chat_prompt(tok, USER_TEXTS[0], thinking=thinking)
+        assert ids(tok, text + response) == p_ids + ids(tok, response)
+
+
+def test_response_text_with_leading_newline_does_not_align(qwen3):
+    """Why responses are scored as their generated ids, never re-tokenized from text: a response that starts
+    with a newline merges with the prompt's trailing newline(s) (here after the empty think block)."""
+    text, p_ids = chat_prompt(qwen3, USER_TEXTS[0])
+    assert ids(qwen3, text + "\n<action>look</action>") != p_ids + ids(qwen3, "\n<action>look</action>")
+
+
+# ----------------------------------------------------------------------------------------------------
+# SFT: prompt as Stage 2 renders it, target as the template renders the assistant turn
+
+def test_sft_example_qwen25_is_answer_plus_im_end(qwen25):
+    ex = sft_example(qwen25, USER_TEXTS[1], ANSWER)
+    assert ex["prompt_text"] == chat_prompt(qwen25, USER_TEXTS[1])[0]
+    assert ex["target_text"] == ANSWER + "<|im_end|>"
+    # sft.py's layout today: prompt ids + answer ids + <|im_end|>
+    assert ex["target_ids"] == ids(qwen25, ANSWER) + [qwen25.convert_tokens_to_ids("<|im_end|>")]
+    assert sft_example(qwen25, USER_TEXTS[1], ANSWER, layout="verl") == ex
+
+
+@pytest.mark.parametrize("thinking, target_prefix", [(None, ""), (False, ""), (True, EMPTY_THINK)])
+def test_sft_example_qwen3(qwen3, thinking, target_prefix):
+    ex = sft_example(qwen3, USER_TEXTS[1], ANSWER, thinking=thinking)
+    assert ex["prompt_text"] == chat_prompt(qwen3, USER_TEXTS[1], thinking=thinking)[0]
+    # thinking off: the empty block is prompt (no loss); on: the template renders it inside the assistant turn
+    assert ex["target_text"] == target_prefix + ANSWER + "<|im_end|>"
+    full = qwen3.apply_chat_template([{"role": "user", "content": USER_TEXTS[1]},
+                                      {"role": "assistant", "content": ANSWER}], tokenize=False)
+    assert ex["prompt_ids"] + ex["target_ids"] == ids(qwen3, full.removesuffix("\n"))
+    # the loss mask: 0 on every prompt token, 1 on every target token, the closing <|im_end|> included
+    mask = [0] * len(ex["prompt_ids"]) + [1] * len(ex["target_ids"])
+    kept = [t for t, m in zip(ex["prompt_ids"] + ex["target_ids"], mask) if m]
+    assert qwen3.decode(kept) == target_prefix + ANSWER + "<|im_end|>"
+    # the public code's SFT layout (prompt + answer + eos) agrees except for thinking on
+    verl = sft_example(qwen3, USER_TEXTS[1], ANSWER, thinking=thinking, layout="verl")
+    assert verl["target_text"] == ANSWER + "<|im_end|>"
+    assert (verl == ex) == (target_prefix == "")
+
+
+def test_sft_example_rejects_unknown_layout(qwen25):
+    with pytest.raises(ValueError):
+        sft_example(qwen25, "x", ANSWER, layout="other")
