@@ -139,11 +139,12 @@ def _row(row, where, default_source, index):
         question = _question_from_prompt(row.get("prompt"))
     if not isinstance(question, str) or not question.strip():
         raise QuestionFileError(f"{where}: missing field 'question'")
-    if "golden_answers" in row:
+    # (a parquet file has one schema for all rows: a field one row lacks is present there as None)
+    if row.get("golden_answers") is not None:
         answers = row["golden_answers"]
     else:
         target = ((row.get("reward_model") or {}).get("ground_truth") or {})
-        if not isinstance(target, dict) or "target" not in target:
+        if not isinstance(target, dict) or target.get("target") is None:
             raise QuestionFileError(f"{where}: missing field 'golden_answers' (FlashRAG) or "
                                     f"'reward_model.ground_truth.target' (Search-R1)")
         answers = target["target"]
