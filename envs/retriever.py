@@ -200,6 +200,9 @@ def parse_request(body, default_topk):
 class Handler(BaseHTTPRequestHandler):
     server_version = "seed-retriever/1"
     protocol_version = "HTTP/1.1"  # keep-alive: the client's pooled session reuses connections
+    # Headers and body leave in two writes; with Nagle's algorithm on, the body then waits for the client's
+    # delayed ACK on a kept-alive connection: a 40 ms floor per request (measured: 44 ms p50 for a 2 ms query).
+    disable_nagle_algorithm = True
 
     def _send(self, code, obj, note=""):
         data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
