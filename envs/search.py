@@ -26,6 +26,7 @@ needs the optional `pyarrow`). Splits:
     val    --val-size questions of the train file held out by a fixed seed (not the run's seed)
     test   the seven --test-files (default ../shared/search/test/<source>.jsonl.xz), one GROUPS column each
 """
+import argparse
 import functools
 import hashlib
 import json
@@ -61,7 +62,10 @@ def default_data_dir():
 
 
 def add_args(parser):
-    g = parser.add_argument_group("Search env (retriever and question files)")
+    """The Search flags, on a parser (in their own group) or on the caller's argument group (nesting
+    groups is deprecated in argparse)."""
+    g = parser.add_argument_group("Search env (retriever and question files)") \
+        if isinstance(parser, argparse.ArgumentParser) else parser
     g.add_argument("--retriever-url", default="http://127.0.0.1:8000/retrieve",
                    help="POST endpoint of the retriever (ours: python -m envs.retriever; or Search-R1's e5 server)")
     g.add_argument("--retriever-timeout", type=float, default=10.0, help="seconds per retriever request")

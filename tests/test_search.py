@@ -604,4 +604,7 @@ def test_preset_and_flags():
     S.add_args(p)
     assert all(a.help for a in p._actions)
     a = p.parse_args([])
+    g = argparse.ArgumentParser()
+    S.add_args(g.add_argument_group("env"))  # the scripts pass their "env" group
+    assert vars(g.parse_args([])) == vars(a)
     assert a.retriever_url == "http://127.0.0.1:8000/retrieve" and a.topk == 3 and a.search_data == S.default_data_dir()
