@@ -43,7 +43,12 @@ NAME = "search"
 PRESET = dict(max_steps=4, history=4, max_prompt_tokens=4096, max_new_tokens=512, invalid_penalty=0.01,
               tasks_per_update=128, group_size=8, mini_batch=512, micro_batch=16, kl_coef=0.001, lr=1e-6,
               warmup_ratio=0.1, updates=150, sft_max_length=12288, collect_tasks=180, rollouts=8,
-              collect_split="train", eval_splits=["test"], eval_limit=None)
+              collect_split="train", eval_splits=["test"], eval_limit=None,
+              eval_sizes={"test": 51713},  # the paper's 7 test sets; 28,133 of them are in ../shared/search
+              # bound on the analysis prompt in characters (~4 per token): a 4-turn episode of 512-token responses
+              # and three passages per search is ~5k tokens; 36,000 characters keep prompt + answer inside
+              # SFT's 12,288 tokens
+              analysis_max_chars=36_000)
 # The seven test sets in Search-R1's reporting order; each task's `category` is its data source.
 GROUPS = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
 IN_DOMAIN = {"nq", "hotpotqa"}  # the train sources; the other five are out-of-domain
@@ -244,10 +249,14 @@ def _checked(url, timeout, shape):
 
 
 def ensure_retriever(args):
-    """Fail at start, in one line naming the URL, when the retriever does not answer (once per URL)."""
+    """Stop at start with one line naming the URL (SystemExit, like an unknown --env) when the retriever
+    does not answer within seconds; checked once per URL and process. --no-retriever-check skips it."""
     if not _opt(args, "no_retriever_check", False):
-        _checked(_opt(args, "retriever_url", "http://127.0.0.1:8000/retrieve"),
-                 min(5.0, _opt(args, "retriever_timeout", 10.0)), _opt(args, "retriever_shape", "auto"))
+        try:
+            _checked(_opt(args, "retriever_url", "http://127.0.0.1:8000/retrieve"),
+                     min(5.0, _opt(args, "retriever_timeout", 10.0)), _opt(args, "retriever_shape", "auto"))
+        except RetrieverError as e:
+            raise SystemExit(f"error: {e}") from None
 
 
 def _draw(items, seed, n):
@@ -261,20 +270,24 @@ def _draw(items, seed, n):
     return out
 
 
-def stage1_tasks(seed, n, args):
-    """Stage 1's collection set: n train questions (the paper: 180), a seeded draw."""
-    ensure_retriever(args)
+def _train_tasks(seed, n, args):
     return [make_task(q, "train", args) for q in _draw(split_questions("train", args), seed, n)]
 
 
-def rl_tasks(seed, n, args):
+def stage1_tasks(seed, n, args=None):
+    """Stage 1's collection set: n train questions (the paper: 180), a seeded draw."""
+    ensure_retriever(args)
+    return _train_tasks(seed, n, args)
+
+
+def rl_tasks(seed, n, args=None):
     """Stage 2's task stream: n train questions (the paper: 128 x 150 = 19,200), seeded shuffles; update u
     plays [u*T:(u+1)*T]. With the 400 shipped train questions every question recurs across passes."""
     ensure_retriever(args)
-    return [make_task(q, "train", args) for q in _draw(split_questions("train", args), seed, n)]
+    return _train_tasks(seed, n, args)  # the same seeded passes: Stage 1's n questions are the stream's first n
 
 
-def eval_tasks(split, seed, limit, args):
+def eval_tasks(split, seed, limit=None, args=None):
     """Evaluation tasks of a split, grouped by data source (GROUPS order, then any other source). limit:
     at most that many questions per data source, a seeded sample kept in file order; None: all."""
     ensure_retriever(args)
@@ -290,18 +303,40 @@ def eval_tasks(split, seed, limit, args):
     return out
 
 
-def data_manifest(args):
-    """Question counts and the sha256 of the task ids of each split (per data source for test)."""
-    digest = lambda qs: hashlib.sha256("\n".join(f"{q['data_source']}/{q['id']}" for q in qs).encode()).hexdigest()
-    out = {"train_file": train_file(args), "test_files": test_files(args)}
-    for split in ("train", "val"):
-        qs = split_questions(split, args)
-        out[split] = {"questions": len(qs), "task_ids_sha256": digest(qs)}
-    test = {}
-    for q in split_questions("test", args):
-        test.setdefault(q["data_source"], []).append(q)
-    out["test"] = {s: {"questions": len(qs), "task_ids_sha256": digest(qs)} for s, qs in test.items()}
-    return out
+def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
+    """The preset's data (evaluate.py --data-manifest): the Stage 1 set, the RL stream and the val/test
+    questions per data source, with checks. Returns (printable lines, checks {name: ok}, manifest dict).
+    Needs no retriever."""
+    from envs.records import games_summary
+    stage1, stream = _train_tasks(seed, stage1_n, args), _train_tasks(seed, tasks_per_update * updates, args)
+    train, val, test = (split_questions(s, args) for s in ("train", "val", "test"))
+    s1, rl = games_summary(stage1), games_summary(stream)
+    per_source = {}
+    for q in test:
+        per_source[q["data_source"]] = per_source.get(q["data_source"], 0) + 1
+    rollouts = PRESET["rollouts"]
+    lines = [f"train file  : {train_file(args)}: {len(train)} train + {len(val)} val questions (split seed {SPLIT_SEED})",
+             f"stage 1 set : {s1['count']} tasks x {rollouts} = {s1['count'] * rollouts} trajectories, "
+             f"{s1['unique']} distinct, sha256 {s1['sha256']}",
+             f"RL stream   : {rl['count']} task instances ({tasks_per_update} x {updates}), {rl['unique']} distinct "
+             f"questions, sha256 {rl['sha256']}",
+             "test        : " + ", ".join(f"{s} {n}" for s, n in per_source.items())
+             + f" ({len(test)} questions; in-domain: {', '.join(g for g in GROUPS if g in IN_DOMAIN)})"]
+    key = lambda q: normalize_answer(q["question"])
+    val_ids, test_questions = {f"{q['data_source']}/{q['id']}" for q in val}, {key(q) for q in test}
+    checks = {
+        f"stage 1 tasks = {stage1_n}": s1["count"] == stage1_n,
+        f"stage 1 trajectories = {stage1_n * rollouts}": s1["count"] * rollouts == stage1_n * rollouts,
+        f"RL task instances = {tasks_per_update * updates}": rl["count"] == tasks_per_update * updates,
+        "no val question in stage 1 or the RL stream": not val_ids & {t["task_id"] for t in stage1 + stream},
+        "no train question in the test sets (normalised text)": not {key(q) for q in train} & test_questions,
+        f"test sets present: {', '.join(GROUPS)}": all(per_source.get(g) for g in GROUPS),
+    }
+    manifest = {"stage1": dict(s1, trajectories=s1["count"] * rollouts, task_ids=[t["task_id"] for t in stage1]),
+                "rl_stream": dict(rl, task_ids=[t["task_id"] for t in stream]),
+                "val": {"questions": len(val), "task_ids": sorted(val_ids)},
+                "test": {"questions": len(test), "per_source": per_source, "files": test_files(args)}}
+    return lines, checks, manifest
 
 
 # ----------------------------------------------------------------------------------------------------
