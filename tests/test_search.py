@@ -300,7 +300,7 @@ def test_client_against_a_stopped_server(small_corpus, tmp_path):
     assert time.perf_counter() - t0 < 5
     # the env's start-up check: the same one line, before any task is built
     args = argparse.Namespace(retriever_url=url, retriever_timeout=2.0, no_retriever_check=False)
-    with pytest.raises(RetrieverError, match=re.escape(url)):
+    with pytest.raises(SystemExit, match=re.escape(url)):
         S.eval_tasks("val", 0, 1, args)
     args.no_retriever_check = True
     assert len(S.eval_tasks("val", 0, 1, args)) == 1
@@ -597,6 +597,14 @@ def test_splits_and_task_draws():
         S.eval_tasks("dev", 0, 1, args)
 
 
+def test_data_manifest():
+    lines, checks, manifest = S.data_manifest(0, 128, 150, 180)  # evaluate.py --data-manifest's call
+    assert all(checks.values()) and len(checks) == 6, checks
+    assert manifest["stage1"]["count"] == 180 and manifest["rl_stream"]["count"] == 19200
+    assert manifest["rl_stream"]["task_ids"][:180] == manifest["stage1"]["task_ids"]  # the same seeded passes
+    assert manifest["test"]["questions"] == 28133 and any(line.startswith("test ") for line in lines)
+
+
 def test_preset_and_flags():
     assert S.NAME == "search" and S.PRESET["max_steps"] == 4 and S.PRESET["invalid_penalty"] == 0.01
     assert (S.PRESET["tasks_per_update"], S.PRESET["mini_batch"], S.PRESET["micro_batch"]) == (128, 512, 16)
@@ -608,3 +616,58 @@ def test_preset_and_flags():
     S.add_args(g.add_argument_group("env"))  # the scripts pass their "env" group
     assert vars(g.parse_args([])) == vars(a)
     assert a.retriever_url == "http://127.0.0.1:8000/retrieve" and a.topk == 3 and a.search_data == S.default_data_dir()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The chain with --env search against the real server (scripts as subprocesses)
+
+def test_collect_expert_wins_end_to_end(real_server, tmp_path):
+    from envs.records import read_jsonl
+    from conftest import run_script
+    out = tmp_path / "traj.jsonl"
+    res = run_script(["collect.py", "--env", "search", "--model", "expert", "--tasks", "3", "--rollouts", "2",
+                      "--workers", "2", "--retriever-url", real_server, "--out", str(out)], timeout=300)
+    eps = read_jsonl(out)
+    assert len(eps) == 6 and all(ep["env"] == "search" and ep["category"] == "hotpotqa" for ep in eps)
+    assert all(ep["success"] and ep["return"] == 1.0 and ep["length"] == 2 and not ep["env_failure"] for ep in eps)
+    for ep in eps:
+        search, answer = ep["steps"]
+        assert search["executed"].startswith("search[") and search["feedback"].startswith("<information>Doc 1: ")
+        assert answer["executed"] == f"answer[{ep['golden_answers'][0]}]" and answer["reward"] == 1.0
+        assert search["prompt"].count("Question: ") == 1 and "[Step 1] <search> " in answer["prompt"]
+    assert "hotpotqa" in res.stdout and "env failures 0" in res.stdout
+    # an unreachable retriever: one line naming the URL, within seconds, before any episode
+    dead = "http://127.0.0.1:9/retrieve"
+    t0 = time.perf_counter()
+    res = run_script(["collect.py", "--env", "search", "--model", "expert", "--tasks", "1", "--rollouts", "1",
+                      "--retriever-url", dead, "--out", str(tmp_path / "dead.jsonl")], check=False, timeout=120)
+    assert res.returncode == 1 and time.perf_counter() - t0 < 60
+    assert res.stderr.strip().splitlines()[-1].startswith(f"error: retriever {dead}: failed after 1 attempt(s)")
+    assert "Traceback" not in res.stderr
+
+
+def test_evaluate_expert_per_data_source(real_server, tmp_path):
+    from conftest import run_script
+    run_script(["evaluate.py", "--env", "search", "--model", "expert", "--limit", "2", "--workers", "2",
+                "--retriever-url", real_server, "--out", str(tmp_path)], timeout=300)
+    res = json.load(open(tmp_path / "results.json"))
+    md = (tmp_path / "results.md").read_text()
+    assert "| nq | triviaqa | popqa | hotpotqa | 2wikimultihopqa | musique | bamboogle | Avg | All |" in md
+    assert "| **this run** | " + " | ".join(["100.0"] * 9) in md
+    assert "| paper: Qwen2.5-3B-Instruct SEED | " in md and "45.7" in md  # the paper's average EM beside it
+    assert json.dumps(res)  # written, parseable
+
+
+def test_seed_rl_two_updates_tiny(real_server, tmp_path):
+    from conftest import run_script
+    run_script(["seed_rl.py", "--env", "search", "--model", "tiny", "--updates", "2", "--tasks-per-update", "2",
+                "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "8", "--analyzer-model", "scripted",
+                "--save-every", "1", "--workers", "1", "--retriever-url", real_server, "--out", str(tmp_path)],
+               timeout=600)
+    with open(tmp_path / "metrics.jsonl") as f:
+        m = [json.loads(line) for line in f]
+    assert [r["update"] for r in m] == [1, 2]
+    for r in m:
+        assert r["rollout/episodes"] == 4 and r["opd/teacher_coverage"] == 1.0 and r["skill/parse_rate"] == 1.0
+        assert r["loss/opd"] != 0.0 and r["tokens/response"] == 4 * 2 * 8  # random tokens: every step cut at 8
+        assert r["rollout/invalid_rate"] == 1.0  # a random model writes no <search>/<answer> block
