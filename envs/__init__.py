@@ -1,6 +1,8 @@
 """The thin shared layer of every stage, and the env interface.
 
 envs.alfworld  ALFWorld (TextWorld): game lists, deterministic task choice, one game, its prompt and parser
+envs.search    Search (Search-R1 style retrieval QA): question files, splits, one question, its prompt and parser
+envs.retriever the Search env's BM25 retriever server (python -m envs.retriever) and its HTTP client
 envs.pool      a batched env interface over worker processes (dead/hung workers replaced)
 envs.rollout   the multi-turn rollout loop and episode summaries (env-agnostic: it calls only the interface)
 envs.backends  generation backends (vLLM, HF generate, scripted expert/analyzer) and model/tokenizer loading
@@ -31,7 +33,7 @@ import argparse
 import importlib
 import sys
 
-ENVS = {"alfworld": "envs.alfworld"}
+ENVS = {"alfworld": "envs.alfworld", "search": "envs.search"}
 
 
 def load_env(name):

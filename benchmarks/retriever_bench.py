@@ -1,0 +1,137 @@
+"""Queries/s and latency of the Search env's BM25 retriever server, and how they grow with corpus size.
+
+For each corpus size (the shipped 4,968-passage corpus, and that corpus replicated 10x and 100x with new
+ids), start `python -m envs.retriever` as a subprocess on a loopback port with an empty index cache (so the
+build time is measured too), then send a fixed number of requests from 1 and from 16 concurrent clients
+(threads of this process calling `envs.retriever.retrieve`, the env's own client and pooled session). Each
+request is what a game sends: {"queries": [one hotpotqa500 question], "topk": 3, "return_scores": true}.
+Latency is measured by the client (request to parsed answer); the server's RSS is read from /proc.
+
+    python benchmarks/retriever_bench.py --out benchmarks/retriever_results.md
+    python benchmarks/retriever_bench.py --sizes 1,10 --requests 500     # quicker
+
+Not a test (pytest does not collect it). Loopback only; the replicated corpora go to a temporary folder that
+is removed at the end. Numbers depend on the machine and its load; the load average is printed with them.
+"""
+import argparse
+import json
+import lzma
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from envs.retriever import retrieve  # noqa: E402
+from envs.search import default_data_dir  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+p.add_argument("--data", default=default_data_dir(), help="folder with corpus.jsonl.xz and hotpotqa500.jsonl.xz")
+p.add_argument("--sizes", default="1,10,100", help="corpus replication factors to measure")
+p.add_argument("--clients", default="1,16", help="numbers of concurrent clients")
+p.add_argument("--requests", type=int, default=1000, help="timed requests per (size, clients) cell")
+p.add_argument("--warmup", type=int, default=20, help="untimed requests before each cell")
+p.add_argument("--topk", type=int, default=3, help="passages per query (the env's default)")
+p.add_argument("--out", default=None, help="also write the table and the command to this markdown file")
+args = p.parse_args()
+
+with lzma.open(os.path.join(args.data, "hotpotqa500.jsonl.xz"), "rt") as f:
+    questions = [json.loads(line)["question"] for line in f]
+with lzma.open(os.path.join(args.data, "corpus.jsonl.xz"), "rt") as f:
+    corpus = [json.loads(line) for line in f]
+
+
+def write_corpus(path, times):
+    """The corpus `times` times; copy r > 0 gets ids '<id>-r<r>' (same contents, so it only adds volume)."""
+    with open(path, "w") as f:
+        for r in range(times):
+            for d in corpus:
+                f.write(json.dumps({"id": d["id"] if r == 0 else f"{d['id']}-r{r}", "contents": d["contents"]}) + "\n")
+
+
+def start(corpus_path, workdir):
+    """Server on a free loopback port; returns (process, url, seconds until it serves)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "envs.retriever", "--corpus", corpus_path, "--port", "0",
+                             "--cache-dir", os.path.join(workdir, "cache"),
+                             "--log-file", os.path.join(workdir, "server.log")],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    while proc.poll() is None and time.perf_counter() - t0 < 1800:
+        if select.select([proc.stdout], [], [], 1.0)[0]:
+            m = re.search(r"at (http://\S+/retrieve)", proc.stdout.readline())
+            if m:
+                return proc, m.group(1), time.perf_counter() - t0
+    proc.kill()
+    raise SystemExit(f"the retriever over {corpus_path} did not start")
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
+
+
+def one(url, i):
+    t0 = time.perf_counter()
+    hits = retrieve(url, [questions[i % len(questions)]], topk=args.topk, timeout=60, retries=0)
+    assert len(hits) == 1
+    return time.perf_counter() - t0
+
+
+def measure(url, clients):
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda i: one(url, i), range(args.warmup)))
+        t0 = time.perf_counter()
+        lat = sorted(pool.map(lambda i: one(url, i), range(args.requests)))
+        wall = time.perf_counter() - t0
+    pct = lambda q: 1000 * lat[min(len(lat) - 1, int(q * len(lat)))]
+    return {"qps": len(lat) / wall, "p50": pct(0.50), "p99": pct(0.99)}
+
+
+load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+print(f"machine: {os.cpu_count()} CPU cores, load average {load}; {args.requests} requests per cell", flush=True)
+rows = []
+tmp = tempfile.mkdtemp(prefix="retriever_bench_")
+try:
+    for times in [int(x) for x in args.sizes.split(",")]:
+        path = os.path.join(args.data, "corpus.jsonl.xz") if times == 1 else os.path.join(tmp, f"corpus_x{times}.jsonl")
+        if times != 1:
+            write_corpus(path, times)
+        work = tempfile.mkdtemp(dir=tmp)
+        proc, url, ready_s = start(path, work)
+        try:
+            for c in [int(x) for x in args.clients.split(",")]:
+                r = measure(url, c)
+                rows.append(dict(r, docs=len(corpus) * times, times=times, clients=c, ready_s=ready_s,
+                                 rss=rss_mb(proc.pid)))
+                print(f"x{times:<4} {len(corpus) * times:>8,} docs  {c:>2} clients  {r['qps']:8.1f} q/s  "
+                      f"p50 {r['p50']:7.2f} ms  p99 {r['p99']:7.2f} ms", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            shutil.rmtree(work, ignore_errors=True)
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+table = ["| corpus | passages | clients | queries/s | p50 ms | p99 ms | start incl. index build (s) | server RSS (MB) |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|"]
+label = lambda times: "shipped" if times == 1 else f"shipped x{times} (new ids)"
+table += [f"| {label(r['times'])} | {r['docs']:,} | {r['clients']} | "
+          f"{r['qps']:.1f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['ready_s']:.1f} | {r['rss']:.0f} |" for r in rows]
+print("\n".join(table))
+if args.out:
+    with open(args.out, "w") as f:
+        f.write(f"# Retriever server benchmark\n\nCommand (from the repository root):\n\n"
+                f"    OMP_NUM_THREADS=1 python benchmarks/retriever_bench.py {' '.join(sys.argv[1:])}\n\n"
+                f"Machine: {os.cpu_count()} CPU cores (shared), load average at start {load}; {args.requests} "
+                f"timed requests per row after {args.warmup} warm-up ones, each one question (hotpotqa500) "
+                f"with topk {args.topk}, over loopback HTTP through `envs.retriever.retrieve`.\n\n"
+                + "\n".join(table) + "\n")
