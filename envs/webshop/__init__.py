@@ -1,7 +1,7 @@
 """WebShop (Yao et al. 2022, MIT): a simulated shopping site driven by text, over the official data files.
 
 The agent reads a shopping instruction, searches a catalog of 1,000 real products, opens items, picks options
-and buys; the purchase is scored in [0, 1] against the goal (reward.py) and a score of 1.0 is a win, rewarded
+and buys; the purchase is scored in [0, 1] against the goal (scoring.py) and a score of 1.0 is a win, rewarded
 10. There is no WebShop package to install: the site is rebuilt here from the original's code and templates
 (princeton-nlp/WebShop, web_agent_site/), reading its files:
 
@@ -10,7 +10,7 @@ and buys; the purchase is scored in [0, 1] against the goal (reward.py) and a sc
 
   data.py    the files, the products as the site shows them, the synthetic goals (6,910 with the real files)
   search.py  BM25 with Lucene's parameters over the catalog, top 50, index cached on disk per catalog sha256
-  reward.py  the score of a purchase: attributes, options, price, product type
+  scoring.py the score of a purchase: attributes, options, price, product type
   site.py    the pages, their clickables, the moves between them, the observation text
 
 Goals 0-499 are the test pool, 500 and up train (verl-agent's split of the original's goal list); goal i is
@@ -19,8 +19,9 @@ before buying scores 0. Step reward: 10 x (bought with score 1.0) - 0.1 x (inval
 one without <think>/<action> tags or with CJK characters. Admissibility is not validity: a well-formed action
 that the page cannot do leaves the page as it is.
 
-Summary groups: none (GROUPS = []): the catalog's category names cannot be checked without the catalog, so
-the summary shows All only; each task still carries its product's `category` for a later breakdown.
+Summary groups: GROUPS = [] (no fixed columns: the catalog's category names cannot be checked without the
+catalog). Each task's `category` is its product's catalog category (e.g. 'beauty'); the generic summary adds
+a row per category as it meets them, after the (empty) fixed columns, and All.
 """
 import hashlib
 import os
@@ -139,9 +140,11 @@ class WebShopGame:
     (+ "task" at reset). The catalog and the search index are loaded once per process."""
 
     def __init__(self, task):
+        from envs.webshop.scoring import spacy_model
         from envs.webshop.search import engine_for
         self.catalog = load_catalog(task["data_dir"])
         self.engine = engine_for(self.catalog, task.get("index_cache") or default_index_dir())
+        spacy_model()  # the noun tagger, when installed, loads with the catalog: not in the middle of a step
         self.goal = self.catalog.goals[task["goal_index"]]
         self.site = None
 

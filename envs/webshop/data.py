@@ -32,7 +32,7 @@ from decimal import Decimal, InvalidOperation
 CATALOG_FILE = "items_shuffle_1000.json"
 ATTRIBUTE_FILE = "items_ins_v2_1000.json"
 PRICE_STEPS = [10.0 * i for i in range(1, 100)]  # the original's PRICE_RANGE: $10 ... $990
-NO_PRICE_BOUND = 1000000  # a product priced over $970 gets no price clause (as the original)
+NO_PRICE_BOUND = 1000000  # a product at $980 or more gets no price clause (as the original)
 GOAL_SHUFFLE_SEED = 233  # the original's random.seed(233) before shuffling the goals
 PRICE_SEED = 0  # ours (see the module docstring)
 HOW_TO_GET = ("get them with the WebShop setup script (github.com/princeton-nlp/WebShop: ./setup.sh -d small "

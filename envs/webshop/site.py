@@ -63,7 +63,7 @@ class Site:
 
     def buy(self):
         product = self.catalog.by_asin[self.asin]
-        from envs.webshop.reward import score_purchase
+        from envs.webshop.scoring import score_purchase
         self.score, self.details = score_purchase(product, self.options, self.catalog.prices[self.asin],
                                                   self.goal, self.tagger)
         self.page, self.done = "done", True

@@ -53,10 +53,20 @@ BRANDS = ["Lumina", "Oakridge", "Nordic", "Verde", "Auric", "Bramble", "Kestrel"
 EXTRAS = ["for Everyday Use", "Premium Edition", "Value Pack", "2024 Model", "Classic", "by Home Essentials"]
 
 
-def make_catalog(n_products, seed=0, instructed=0.8):
+SYLLABLES = ["ka", "lo", "mi", "ten", "ra", "vo", "sel", "din", "po", "ver", "tu", "ben", "sa", "ri", "mon", "el"]
+
+
+def filler_words(rng, n_vocab=5000):
+    """Made-up words: a description's bulk (real descriptions are ~4 KB) without a dictionary."""
+    return ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 4))) for _ in range(n_vocab)]
+
+
+def make_catalog(n_products, seed=0, instructed=0.8, description_words=0):
     """(catalog records, attribute file dict) of n_products products; about `instructed` of them carry an
-    instruction (so goals exist), the rest only attributes."""
+    instruction (so goals exist), the rest only attributes. description_words: made-up words added to each
+    description (the benchmark uses ~600, the size of the real file's)."""
     rng = random.Random(seed)
+    filler = filler_words(random.Random(seed + 1)) if description_words else []
     records, attrs = [], {}
     for i in range(n_products):
         category, query, noun, path, pool, groups = KINDS[i % len(KINDS)]
@@ -76,7 +86,8 @@ def make_catalog(n_products, seed=0, instructed=0.8):
             "small_description": [f"{chosen[1].capitalize()} {noun.lower()} made by {brand}.",
                                   f"Designed with {chosen[2]} in mind."],
             "full_description": f"The {brand} {noun.lower()} is {chosen[0]} and {chosen[1]}. "
-                                f"A dependable choice for anyone who needs a {query}.",
+                                f"A dependable choice for anyone who needs a {query}."
+                                + "".join(" " + w for w in rng.choices(filler, k=description_words)),
             "images": [f"https://example.invalid/{asin}.jpg"], "average_rating": round(rng.uniform(3, 5), 1),
         })
         entry = {"attributes": chosen}
@@ -87,9 +98,9 @@ def make_catalog(n_products, seed=0, instructed=0.8):
     return records, attrs
 
 
-def write_catalog(out_dir, n_products, seed=0):
+def write_catalog(out_dir, n_products, seed=0, description_words=0):
     """Write both files into out_dir; returns out_dir."""
-    records, attrs = make_catalog(n_products, seed)
+    records, attrs = make_catalog(n_products, seed, description_words=description_words)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "items_shuffle_1000.json"), "w") as f:
         json.dump(records, f)
@@ -103,5 +114,6 @@ if __name__ == "__main__":
     ap.add_argument("out_dir", help="folder to write the two files into")
     ap.add_argument("--products", type=int, default=40, help="number of products")
     ap.add_argument("--seed", type=int, default=0, help="generator seed")
+    ap.add_argument("--description-words", type=int, default=0, help="made-up words added to each description")
     a = ap.parse_args()
-    print(write_catalog(a.out_dir, a.products, a.seed))
+    print(write_catalog(a.out_dir, a.products, a.seed, a.description_words))

@@ -32,6 +32,8 @@ and the query matches).
 import functools
 import re
 
+from rapidfuzz import fuzz
+
 FUZZY_THRESHOLD = 85
 # normalize.py's COLOR_SET, in its order (the first colour found in a value wins)
 COLOR_SET = [
@@ -60,7 +62,6 @@ def fuzz_process(text):
 
 def token_set_ratio(a, b):
     """thefuzz.fuzz.token_set_ratio (an integer 0-100) through rapidfuzz."""
-    from rapidfuzz import fuzz
     pa, pb = fuzz_process(a), fuzz_process(b)
     if not pa or not pb:
         return 0
@@ -109,6 +110,9 @@ stainless solid clear multi double single dual anti free strong gentle safe heal
 gluten-free vegan vegetarian handmade outdoor indoor daily travel adjustable washable breathable portable
 durable rechargeable reusable foldable stackable disposable compatible flexible""".split())
 ADJ_SUFFIXES = ("ful", "less", "ous")  # not '-able' (table, cable) nor '-ly' (jelly, family)
+# plain colour words only: many of COLOR_SET's are also things (coffee, chocolate, wine, lemon, rose)
+COLORS = frozenset("""black white red blue green gray grey pink purple yellow brown beige navy teal maroon khaki
+ivory turquoise violet magenta fuchsia burgundy multicolor""".split())
 WORD_RE = re.compile(r"[a-z][a-z'\-]*")
 
 
@@ -118,7 +122,7 @@ def fallback_nouns(text):
     out = []
     for w in WORD_RE.findall(text.lower()):
         w = w.strip("'-")
-        if (len(w) < 2 or w in STOP or w in UNITS or w in SIZES or w in ADJECTIVES or w in COLOR_SET
+        if (len(w) < 2 or w in STOP or w in UNITS or w in SIZES or w in ADJECTIVES or w in COLORS
                 or (len(w) > 5 and w.endswith(ADJ_SUFFIXES))
                 or (len(w) > 4 and w.endswith("ed") and not w.endswith("eed"))):  # scented, not speed
             continue
@@ -128,11 +132,15 @@ def fallback_nouns(text):
 
 @functools.lru_cache(maxsize=1)
 def spacy_model():
-    """spaCy's small English model, or None when spaCy or the model is not installed."""
+    """spaCy's small English model, or None when spaCy or the model is not installed. Looked for before
+    spaCy is imported: importing spaCy alone costs seconds and ~280 MB per worker."""
+    import importlib.util
+    if importlib.util.find_spec("spacy") is None or importlib.util.find_spec("en_core_web_sm") is None:
+        return None
     try:
         import spacy
         return spacy.load("en_core_web_sm")
-    except Exception:  # ImportError, or OSError for a missing model
+    except Exception:  # a broken install: the fallback
         return None
 
 
