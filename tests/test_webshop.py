@@ -546,6 +546,25 @@ def test_expert_wins_every_test_goal(synth):
     assert max(len(ep["steps"]) for ep in eps) <= 15
 
 
+def test_expert_recovers_from_another_item(mini, index_cache):
+    """Dropped on a wrong item page (with an option chosen), the expert goes back and still wins."""
+    gi = mini.goals.index(goal_of(mini, TARGET_OPTS))
+    game = W.WebShopGame({"data_dir": mini.data_dir, "index_cache": index_cache, "goal_index": gi})
+    game.reset()
+    ep = {"data_dir": mini.data_dir, "goal_index": gi, "steps": []}
+    for a in ("search[shampoo]", "click[b0pricey02]", "click[lavender]"):
+        st = game.step(a)
+        ep["steps"].append({"executed": a})
+    for _ in range(10):
+        ep.update(_obs=st["observation"], _admissible=st["admissible"])
+        action = W.expert_action(ep)
+        st = game.step(action)
+        ep["steps"].append({"executed": action})
+        if st["done"]:
+            break
+    assert st["won"] and [s["executed"] for s in ep["steps"]][3] == "click[< prev]"
+
+
 def test_index_cached_on_disk_and_per_process(synth, index_cache):
     path = index_dir(index_cache, synth.sha256)
     engine = engine_for(synth, index_cache)
@@ -608,3 +627,5 @@ def test_data_manifest(synth):
     m = W.data_manifest(None)
     assert (m["products"], m["goals"], m["test"]["goals"], m["train"]["goals"]) == (80, 593, 500, 93)
     assert m["catalog_sha256"] == synth.sha256 and len(m["attributes_sha256"]) == 64
+    assert m["noun_tagger"] in ("spacy", "fallback") and m["test"]["goals_sha256"] != m["train"]["goals_sha256"]
+    assert W.data_manifest(None) == m

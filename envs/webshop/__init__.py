@@ -24,11 +24,14 @@ catalog). Each task's `category` is its product's catalog category (e.g. 'beauty
 a row per category as it meets them, after the (empty) fixed columns, and All.
 """
 import hashlib
+import json
 import os
 import random
 import re
 
 from envs.webshop.data import DataError, load_catalog, sha256_of
+from envs.webshop.scoring import noun_tagger_name, spacy_model
+from envs.webshop.search import engine_for
 from envs.webshop.site import SEARCH_ACTION, Site
 
 NAME = "webshop"
@@ -120,15 +123,17 @@ def eval_tasks(split, seed, limit, args):
 
 
 def data_manifest(args):
-    """The preset's data: files with their sha256, goal counts, and the sha256 of the task ids per split."""
+    """The preset's data: the files and their sha256, goal counts, and per split the sha256 of its goals
+    (asin, options, price bound, text: two machines with equal hashes play the same goals)."""
     data_dir, _ = _dirs(args)
     cat = load_catalog(data_dir)
     out = {"catalog": cat.catalog_path, "catalog_sha256": cat.sha256, "attributes": cat.attribute_path,
            "attributes_sha256": sha256_of(cat.attribute_path), "products": len(cat.products),
-           "goals": len(cat.goals)}
+           "goals": len(cat.goals), "noun_tagger": noun_tagger_name()}
     for split in ("test", "train"):
-        ids = [f"webshop/{i}" for i in split_indices(split, len(cat.goals))]
-        out[split] = {"goals": len(ids), "task_ids_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest()}
+        goals = [cat.goals[i] for i in split_indices(split, len(cat.goals))]
+        digest = hashlib.sha256(json.dumps(goals, sort_keys=True).encode()).hexdigest()
+        out[split] = {"goals": len(goals), "goals_sha256": digest}
     return out
 
 
@@ -140,8 +145,6 @@ class WebShopGame:
     (+ "task" at reset). The catalog and the search index are loaded once per process."""
 
     def __init__(self, task):
-        from envs.webshop.scoring import spacy_model
-        from envs.webshop.search import engine_for
         self.catalog = load_catalog(task["data_dir"])
         self.engine = engine_for(self.catalog, task.get("index_cache") or default_index_dir())
         spacy_model()  # the noun tagger, when installed, loads with the catalog: not in the middle of a step
@@ -258,8 +261,12 @@ def expert_action(episode):
     if SEARCH_ACTION in adm:  # the search page
         words = goal["base_instruction"] if not any(a.startswith("search[") for a in done) else goal["name"]
         return "search[" + " ".join(re.sub(r"[\[\]]", " ", words).split()) + "]"
-    if "click[buy now]" in adm:  # an item page: the expert only ever opens the target
-        opened = len(done) - done[::-1].index(target) if target in done else len(done)
+    if "click[buy now]" in adm:  # an item page: the target's (the last item opened), else back
+        catalog = load_catalog(episode["data_dir"])
+        items = [i for i, a in enumerate(done) if a.startswith("click[") and a[6:-1].upper() in catalog.by_asin]
+        if not items or done[items[-1]] != target:
+            return "click[< prev]"
+        opened = items[-1] + 1
         for value in goal["goal_options"].values():
             if f"click[{value}]" in adm and f"click[{value}]" not in done[opened:]:
                 return f"click[{value}]"

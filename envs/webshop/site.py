@@ -29,6 +29,8 @@ MAX_QUERY_CHARS characters.
 """
 import re
 
+from envs.webshop.scoring import score_purchase
+
 SEP = " [SEP] "
 PAGE_SIZE = 10  # the original's PRODUCT_WINDOW
 MAX_QUERY_CHARS = 500  # a longer search[...] is cut here (the prompt's 512-token response bounds it anyway)
@@ -63,7 +65,6 @@ class Site:
 
     def buy(self):
         product = self.catalog.by_asin[self.asin]
-        from envs.webshop.scoring import score_purchase
         self.score, self.details = score_purchase(product, self.options, self.catalog.prices[self.asin],
                                                   self.goal, self.tagger)
         self.page, self.done = "done", True
