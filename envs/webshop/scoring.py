@@ -100,15 +100,15 @@ shall should can could may might must x""".split())
 UNITS = frozenset("""oz ounce ounces fl lb lbs pound pounds g gram grams kg mg ml l liter liters litre inch inches in
 ft feet foot yard yards cm mm m meter meters pack packs pcs pc piece pieces count ct set sets pair pairs qty
 gallon gallons quart pint w watt watts v volt volts mah gb tb mb hz""".split())
-SIZES = frozenset("""small medium large xl xxl xs s m l x-large xx-large x-small one size plus petite tall regular
-wide narrow king queen twin full mini big little long short extra""".split())
+SIZES = frozenset("""small medium large xl xxl xs x-large xx-large x-small size plus petite tall regular wide narrow
+king queen twin full mini big little long short extra""".split())
 ADJECTIVES = frozenset("""new natural organic premium professional portable adjustable comfortable soft hard heavy
 light lightweight durable waterproof wireless electric automatic digital smart high low best great good fresh
 pure original classic modern vintage cute sexy casual formal womens mens women's men's kids baby unisex
-non slim thin thick warm cool hot cold dry wet clean easy quick fast slow super ultra mini large small compact
-stainless solid clear multi double single dual anti free strong gentle safe healthy sweet spicy sugar-free
-gluten-free vegan vegetarian handmade outdoor indoor daily travel adjustable washable breathable portable
-durable rechargeable reusable foldable stackable disposable compatible flexible""".split())
+non slim thin thick warm cool hot cold dry wet clean easy quick fast slow super ultra compact stainless solid
+clear multi double single dual anti free strong gentle safe healthy sweet spicy sugar-free gluten-free vegan
+vegetarian handmade outdoor indoor daily travel washable breathable rechargeable reusable foldable stackable
+disposable compatible flexible""".split())
 ADJ_SUFFIXES = ("ful", "less", "ous")  # not '-able' (table, cable) nor '-ly' (jelly, family)
 # plain colour words only: many of COLOR_SET's are also things (coffee, chocolate, wine, lemon, rose)
 COLORS = frozenset("""black white red blue green gray grey pink purple yellow brown beige navy teal maroon khaki
