@@ -53,6 +53,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
+from envs import ENVS, HelpFormatter
 from envs.records import append_jsonl, open_jsonl_for_append, read_jsonl, run_manifest, sha256_file, write_manifest
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis, target_json
 
@@ -60,7 +61,9 @@ from prompts import build_analysis_prompt, chat_prompt, parse_analysis, target_j
 # lives in prompts.MIN_SKILL_WORDS (the parser enforces it, in every stage).
 PAPER = dict(temperature=0.0, max_new_tokens=4096, parse_retries=2, val_fraction=0.1)
 
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+p.add_argument("--env", default=None, choices=list(ENVS), help="default: the env each trajectory records (the "
+               "analysis prompt describes that env); given, every trajectory must be of this env")
 p.add_argument("--trajectories", nargs="+", help="collect.py output file(s)")
 p.add_argument("--out", help="annotation JSONL (append-only)")
 p.add_argument("--analyzer", default="openai", choices=["openai", "local"])
@@ -199,6 +202,8 @@ for path in args.trajectories:
             sys.exit(f"trajectory uid {ep['uid']} appears twice ({source[ep['uid']]} and {path}); "
                      f"annotate different collections into different --out files")
         source[ep["uid"]] = os.path.abspath(path)
+        if args.env and ep.get("env", "alfworld") != args.env:
+            sys.exit(f"{path}: trajectory {ep['uid']} is of env {ep.get('env', 'alfworld')!r}, not --env {args.env}")
         episodes.append(ep)
 
 manifest_path = args.out + ".manifest.json"
@@ -235,7 +240,8 @@ def make_record(ep, prompt, attempts, parsed, status, reason):
     answers = [a["raw"] for a in attempts if a["raw"] is not None]
     skill = parsed["episode_skill"] if parsed else None
     return {"id": ann_id(ep), "trajectory_uid": ep["uid"], "trajectory_file": source[ep["uid"]],
-            "task_id": ep.get("task_id"), "task_type": ep.get("task_type"), "task": ep.get("task"),
+            "env": ep.get("env", "alfworld"), "task_id": ep.get("task_id"), "task_type": ep.get("task_type"),
+            "category": ep.get("category"), "task": ep.get("task"),
             "outcome": "success" if ep.get("success") else "failure", "return": ep.get("return"),
             "length": ep.get("length"), "status": status, "reason": reason,
             "episode_summary": parsed["episode_summary"] if parsed else None, "episode_skill": skill,
@@ -405,7 +411,8 @@ def annotate_local(batch, backend, tokenizer):
 tokenizer = backend = None
 if args.analyzer == "local":
     import torch
-    from envs.backends import HFBackend, VLLMBackend, load_model, load_tokenizer
+    from envs.backends import HFBackend, VLLMBackend
+    from envs.models import load_model, load_tokenizer
     tokenizer = load_tokenizer(args.model)
     if args.backend == "vllm" and todo:
         # Before the manifest: it queries the GPUs, which initializes CUDA in this process, and vLLM then
@@ -475,7 +482,8 @@ for r in sorted((r for r in records if r["status"] == "parsed"), key=lambda r: r
     sft.append({"id": sid, "split": val_split(sid), "prompt": r["prompt"], "target": target_json(r),
                 "annotation_id": r["id"], "annotation_file": os.path.abspath(args.out),
                 "trajectory_uid": r["trajectory_uid"], "trajectory_file": r["trajectory_file"],
-                "outcome": r["outcome"], "task_id": r["task_id"], "task_type": r["task_type"]})
+                "outcome": r["outcome"], "env": r.get("env", "alfworld"), "task_id": r["task_id"],
+                "task_type": r["task_type"]})
 tmp = sft_path + ".tmp"
 with open(tmp, "w", encoding="utf-8") as f:  # written whole, then renamed: a reader never sees half a file
     for ex in sft:

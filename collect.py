@@ -1,21 +1,25 @@
-"""Stage 1a: the base policy plays the train split; every episode is recorded for the analyzer.
+"""Stage 1a: the base policy plays the train tasks of the chosen env; every episode is recorded for the analyzer.
 
-The paper's set: 30 tasks per type x 6 types = 180 tasks, 8 rollouts each = 1,440 trajectories, temperature
-0.4, up to 512 new tokens per step, 30 steps, the last 5 history entries, the plain prompt (no skill).
+The paper's set (SPEC.md Stage 1): 180 train tasks x 8 rollouts = 1,440 trajectories, temperature 0.4, the
+plain prompt (no skill), each env's steps, history and lengths (ALFWorld: 30 tasks per type x 6 types, 30 steps,
+5 history entries, 2,048-token prompts; WebShop 15 steps, history 2; Search 4 turns, history 4).
 
     # 1 GPU (vLLM engine)
     python collect.py --env alfworld --model Qwen/Qwen2.5-3B-Instruct --backend vllm --out runs/stage1/traj.jsonl
     # 8 GPUs: collection is embarrassingly parallel; shard it and concatenate the files
-    for i in 0 1 2 3 4 5 6 7; do CUDA_VISIBLE_DEVICES=$i python collect.py --model Qwen/Qwen2.5-3B-Instruct \
-        --backend vllm --shard $i/8 --out runs/stage1/traj.$i.jsonl & done; wait
+    for i in 0 1 2 3 4 5 6 7; do CUDA_VISIBLE_DEVICES=$i python collect.py --env alfworld \\
+        --model Qwen/Qwen2.5-3B-Instruct --backend vllm --shard $i/8 --out runs/stage1/traj.$i.jsonl & done; wait
     # CPU demo (no GPU): the scripted expert, and a tiny random model with the real Qwen2.5 tokenizer
-    python collect.py --model expert --tasks-per-type 1 --rollouts 2 --out runs/demo/expert.jsonl
-    python collect.py --model tiny --tasks-per-type 1 --rollouts 1 --max-steps 3 --max-new-tokens 16 --out runs/demo/tiny.jsonl
+    python collect.py --env alfworld --model expert --tasks 6 --rollouts 2 --out runs/demo/expert.jsonl
+    python collect.py --env alfworld --model tiny --tasks 6 --rollouts 1 --max-steps 3 --max-new-tokens 16 \\
+        --out runs/demo/tiny.jsonl
 
-Output: one JSON line per episode (append-only; a killed run restarts where it stopped: episodes already
-written are skipped by id, a torn last line is cut), and `<out>.manifest.json` beside it.
+Output: one JSON line per episode (the record schema: envs/records.py; append-only; a killed run restarts
+where it stopped: episodes already written are skipped by id, a torn last line is cut), and
+`<out>.manifest.json` beside it.
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -23,41 +27,44 @@ import time
 import torch
 from tqdm import tqdm
 
-from envs.alfworld import select_games
-from envs.backends import ExpertPolicy, HFBackend, VLLMBackend, load_model, load_tokenizer
+from envs import HelpFormatter, add_env_arg, env_from_argv
+from envs.backends import ExpertPolicy, HFBackend, VLLMBackend
+from envs.models import load_model, load_tokenizer
 from envs.pool import EnvPool
 from envs.records import append_jsonl, open_jsonl_for_append, read_jsonl, run_manifest, write_manifest
-from envs.rollout import format_summary, play_episodes, summarize_episodes
+from envs.rollout import add_rollout_args, format_summary, play_episodes, summarize_episodes
 
-# The paper's settings (SPEC.md Stage 1 / Table 5); argparse defaults equal these.
-PAPER = dict(env="alfworld", split="train", tasks_per_type=30, rollouts=8, max_steps=30, history=5,
-             temperature=0.4, max_new_tokens=512, max_prompt_tokens=2048)
+env = env_from_argv()  # --env first: every default below is that env's paper preset
+P = env.PRESET
+# The paper's settings (SPEC.md Stage 1, per-env table); the manifest diffs the run against them.
+PAPER = dict(env=env.NAME, split=P["collect_split"], tasks=P["collect_tasks"], rollouts=P["rollouts"],
+             max_steps=P["max_steps"], history=P["history"], temperature=0.4, max_new_tokens=P["max_new_tokens"],
+             max_prompt_tokens=P["max_prompt_tokens"], invalid_penalty=P["invalid_penalty"])
 
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-p.add_argument("--env", default="alfworld", choices=["alfworld"])
-p.add_argument("--model", required=True, help="HF path or hub id | tiny | expert")
-p.add_argument("--backend", default="hf", choices=["hf", "vllm"])
-p.add_argument("--split", default=PAPER["split"], choices=["train", "valid_seen", "valid_unseen"])
-p.add_argument("--tasks-per-type", type=int, default=PAPER["tasks_per_type"])
-p.add_argument("--rollouts", type=int, default=PAPER["rollouts"])
-p.add_argument("--max-steps", type=int, default=PAPER["max_steps"])
-p.add_argument("--history", type=int, default=PAPER["history"])
-p.add_argument("--temperature", type=float, default=PAPER["temperature"])
-p.add_argument("--max-new-tokens", type=int, default=PAPER["max_new_tokens"])
-p.add_argument("--max-prompt-tokens", type=int, default=PAPER["max_prompt_tokens"])
-p.add_argument("--invalid-fallback", default=None, help="action executed when a response has no action tags "
-               "(default: the raw text's tail, answered by 'Nothing happens.')")
-p.add_argument("--seed", type=int, default=0, help="task choice and sampling")
-p.add_argument("--shard", default="0/1", help="i/n: play every n-th episode starting at i")
-p.add_argument("--batch-episodes", type=int, default=64, help="episodes played together (one generate call per step)")
-p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="env worker processes")
-p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-p.add_argument("--out", required=True)
+p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+g = p.add_argument_group("env")
+add_env_arg(g, env)
+g.add_argument("--split", default=PAPER["split"], help="split the tasks come from")
+g.add_argument("--tasks", type=int, default=PAPER["tasks"], help="tasks to play (ALFWorld: an equal share of "
+               "each of the 6 task types)")
+g.add_argument("--rollouts", type=int, default=PAPER["rollouts"], help="episodes per task")
+add_rollout_args(g, PAPER)
+g.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="env worker processes")
+env.add_args(g)
+g = p.add_argument_group("policy and generation")
+g.add_argument("--model", required=True, help="HF path or hub id | tiny (random, real tokenizer) | expert (scripted)")
+g.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation engine")
+g.add_argument("--batch-episodes", type=int, default=64, help="episodes played together (one generate call per step)")
+g.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of the GPU")
+g = p.add_argument_group("run")
+g.add_argument("--seed", type=int, default=0, help="task choice and sampling")
+g.add_argument("--shard", default="0/1", help="i/n: play every n-th episode starting at i")
+g.add_argument("--out", required=True, help="episode JSONL (append-only; rerun the same command to resume)")
 args = p.parse_args()
 
 # ---------------------------------------------------------------------------------------------------
 # Plan: the deterministic list of episodes, minus those already written (resume)
-games = select_games(args.split, args.seed, tasks_per_type=args.tasks_per_type)
+games = env.stage1_tasks(args.seed, args.tasks, args)
 shard_i, shard_n = map(int, args.shard.split("/"))
 plan = [dict(g, uid=f"{g['task_id']}#r{r}", group=gi, rollout=r, seed=args.seed)
         for gi, g in enumerate(games) for r in range(args.rollouts)][shard_i::shard_n]
@@ -66,10 +73,10 @@ manifest_path = args.out + ".manifest.json"
 tokenizer = load_tokenizer(args.model)
 manifest = run_manifest("collect.py", args, paper=PAPER, model=args.model, tokenizer=tokenizer, split=args.split,
                         games=games, seeds={"seed": args.seed})
-KEY = ("env", "model", "split", "tasks_per_type", "rollouts", "seed", "shard", "max_steps", "history", "temperature",
-       "max_new_tokens", "max_prompt_tokens", "invalid_fallback")  # everything that shapes an episode record
+KEY = ("env", "model", "split", "tasks", "rollouts", "seed", "shard", "max_steps", "history", "temperature",
+       "max_new_tokens", "max_prompt_tokens", "invalid_fallback", "invalid_penalty")  # what shapes an episode
 if os.path.exists(manifest_path):  # resuming: refuse to mix two different collections in one file
-    old = __import__("json").load(open(manifest_path))["args"]
+    old = json.load(open(manifest_path))["args"]
     diff = {k: (old.get(k), getattr(args, k)) for k in KEY if old.get(k) != getattr(args, k)}
     if diff:
         sys.exit(f"{args.out} was written with other settings {diff}; use another --out")
@@ -97,13 +104,14 @@ else:
 t_start, timings = time.time(), {}
 out = open_jsonl_for_append(args.out)
 bar = tqdm(total=len(todo), desc="episodes", unit="ep")
-with EnvPool("envs.alfworld:make_alfworld_game", num_workers=min(args.workers, max(1, len(todo)))) as pool:
+with EnvPool(f"envs.{env.NAME}:make_game", num_workers=min(args.workers, max(1, len(todo)))) as pool:
     for b in range(0, len(todo), args.batch_episodes):
         batch = todo[b:b + args.batch_episodes]
         torch.manual_seed(args.seed * 1_000_003 + shard_i * 10_007 + b)  # sampling depends on (seed, shard, batch)
-        episodes, tm = play_episodes(batch, pool, policy, tokenizer, max_steps=args.max_steps, history=args.history,
-                                     max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
-                                     temperature=args.temperature, invalid_fallback=args.invalid_fallback)
+        episodes, tm = play_episodes(env, batch, pool, policy, tokenizer, max_steps=args.max_steps,
+                                     history=args.history, max_prompt_tokens=args.max_prompt_tokens,
+                                     max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                     invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty)
         for k, v in tm.items():
             timings[k] = timings.get(k, 0.0) + v
         for ep in episodes:
@@ -117,7 +125,7 @@ out.close()
 # Summary over everything in the file (this run and earlier, resumed ones)
 elapsed = time.time() - t_start
 records = read_jsonl(args.out)
-print(format_summary(summarize_episodes(records), f"success per task type ({len(records)} episodes in {args.out})"))
+print(format_summary(summarize_episodes(records, env), f"success per {env.NAME} group ({len(records)} episodes in {args.out})"))
 n_steps = env_stats["steps"]
 print(f"this run: {len(todo)} episodes, {n_steps} steps in {elapsed:.1f}s "
       f"({60 * len(todo) / max(elapsed, 1e-9):.1f} episodes/min); time split: "

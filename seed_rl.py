@@ -12,13 +12,17 @@ One policy update (SPEC.md, Stage 2) is the story of `main()` below:
 Skills exist only here, at training time: the trained policy is deployed with the plain prompt.
 
     # 8 GPUs, one node: FSDP2 over 8 ranks, one vLLM engine per rank on the same GPU (sleeps while training)
-    torchrun --nproc_per_node 8 seed_rl.py --env alfworld --model runs/sft/final --out runs/seed
+    torchrun --nproc_per_node 8 seed_rl.py --env alfworld --model runs/stage1/sft --out runs/seed
     # 1 GPU
-    python seed_rl.py --env alfworld --model runs/sft/final --out runs/seed
+    python seed_rl.py --env alfworld --model runs/stage1/sft --out runs/seed
+    # the other benchmarks: every default (steps, history, lengths, batch, KL, penalty, lr schedule) from --env
+    torchrun --nproc_per_node 8 seed_rl.py --env webshop --model runs/stage1/sft --out runs/seed_webshop
+    torchrun --nproc_per_node 8 seed_rl.py --env search --model runs/stage1/sft --out runs/seed_search
     # baselines: GRPO (no analysis, no teacher pass) / without SFT / static analyzer
-    torchrun --nproc_per_node 8 seed_rl.py --model runs/sft/final --opd-coef 0 --out runs/grpo
-    torchrun --nproc_per_node 8 seed_rl.py --model Qwen/Qwen2.5-3B-Instruct --out runs/seed_nosft
-    torchrun --nproc_per_node 8 seed_rl.py --model runs/sft/final --analyzer-model runs/sft/final --out runs/seed_static
+    torchrun --nproc_per_node 8 seed_rl.py --env alfworld --model runs/stage1/sft --opd-coef 0 --out runs/grpo
+    torchrun --nproc_per_node 8 seed_rl.py --env alfworld --model Qwen/Qwen2.5-3B-Instruct --out runs/seed_nosft
+    torchrun --nproc_per_node 8 seed_rl.py --env alfworld --model runs/stage1/sft --analyzer-model runs/stage1/sft \\
+        --out runs/seed_static
     # CPU demo: a tiny random Qwen2 (real tokenizer, real ALFWorld); a random model writes no JSON, so a
     # rule-based analyzer stands in for the self-analysis (--analyzer-model scripted)
     python seed_rl.py --env alfworld --model tiny --updates 2 --tasks-per-update 2 --group-size 4 \\
@@ -39,22 +43,15 @@ import time
 import torch
 import torch.distributed as dist
 
-from envs.alfworld import TASK_TYPES, TYPE_ORDER, rl_task_stream
-from envs.backends import (HFBackend, ScriptedAnalyzer, VLLMBackend, attn_implementation, load_model,
-                           load_tokenizer)
+from envs import HelpFormatter, add_env_arg, env_from_argv
+from envs.backends import HFBackend, ScriptedAnalyzer, VLLMBackend
+from envs.models import attn_implementation, load_model, load_tokenizer
 from envs.pool import EnvPool
 from envs.records import append_jsonl, args_diff, open_jsonl_for_append, read_jsonl, run_manifest, write_manifest
-from envs.rollout import play_episodes, step_prompt
+from envs.rollout import add_rollout_args, play_episodes, step_prompt
 from envs.training import (adamw_impl, full_params, gather_response, init_distributed, make_batch, print0, response_select,
                            save_hf_checkpoint, shard_model)
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis
-
-# The paper's settings (SPEC.md Stage 2, Table 5); argparse defaults equal these.
-PAPER = dict(env="alfworld", updates=150, tasks_per_update=16, group_size=8, max_steps=30, history=5,
-             max_prompt_tokens=2048, max_new_tokens=512, temperature=1.0, analysis_max_new_tokens=4096,
-             analysis_max_len=16384, lr=1e-6, mini_batch=256, micro_batch=32, clip_eps=0.2, grad_clip=1.0,
-             kl_coef=0.01, opd_coef=0.01, opd_beta=5.0, adv_mode="episode", analyzer_model=None)
-
 
 # ====================================================================================================
 # The algorithm. Everything else in this file is plumbing around these two functions.
@@ -177,45 +174,67 @@ def sync_engine(engine, policy, dtype):
     engine.wake_up(tags=["kv_cache"])
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default=PAPER["env"], choices=["alfworld"])
-    p.add_argument("--model", required=True, help="the SFT checkpoint (HF folder or hub id) | tiny")
-    p.add_argument("--ref-model", default=None, help="frozen KL reference (default: the starting --model)")
-    p.add_argument("--analyzer-model", default=PAPER["analyzer_model"],
+def parse_args():
+    """--env first (pre-parsed), then every flag with that env's paper preset as its default."""
+    env = env_from_argv()
+    P = env.PRESET
+    # The paper's settings (SPEC.md Stage 2 and the per-env table); the run prints and records its diff to these.
+    paper = dict(env=env.NAME, updates=P["updates"], tasks_per_update=P["tasks_per_update"],
+                 group_size=P["group_size"], max_steps=P["max_steps"], history=P["history"],
+                 max_prompt_tokens=P["max_prompt_tokens"], max_new_tokens=P["max_new_tokens"], temperature=1.0,
+                 invalid_penalty=P["invalid_penalty"], analysis_max_new_tokens=4096, analysis_max_len=16384,
+                 lr=P["lr"], warmup_ratio=P["warmup_ratio"], mini_batch=P["mini_batch"],
+                 micro_batch=P["micro_batch"], clip_eps=0.2, grad_clip=1.0, kl_coef=P["kl_coef"], opd_coef=0.01,
+                 opd_beta=5.0, adv_mode="episode", analyzer_model=None)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    g = p.add_argument_group("env and rollout")
+    add_env_arg(g, env)
+    g.add_argument("--updates", type=int, default=paper["updates"], help="policy updates (each plays a fresh task batch)")
+    g.add_argument("--tasks-per-update", type=int, default=paper["tasks_per_update"], help="tasks (GRPO groups) per update")
+    g.add_argument("--group-size", type=int, default=paper["group_size"], help="episodes per task")
+    add_rollout_args(g, paper, temperature_help="rollout sampling temperature (the trainer scores at 1)")
+    g.add_argument("--workers", type=int, default=None, help="env worker processes per rank (default: one per "
+                   "episode, at most this node's cores / local ranks)")
+    env.add_args(g)
+    g = p.add_argument_group("models and engine")
+    g.add_argument("--model", required=True, help="the Stage 1 SFT checkpoint (HF folder or hub id) | tiny")
+    g.add_argument("--ref-model", default=None, help="frozen KL reference (default: the starting --model)")
+    g.add_argument("--analyzer-model", default=paper["analyzer_model"],
                    help="default: the evolving policy itself (SEED). A path: a fixed analyzer (static-analyzer "
                         "ablation). 'scripted': a rule-based stand-in for CPU demos")
-    p.add_argument("--backend", default=None, choices=["vllm", "hf"], help="default: vllm if installed and on GPU")
-    p.add_argument("--updates", type=int, default=PAPER["updates"])
-    p.add_argument("--tasks-per-update", type=int, default=PAPER["tasks_per_update"])
-    p.add_argument("--group-size", type=int, default=PAPER["group_size"])
-    p.add_argument("--max-steps", type=int, default=PAPER["max_steps"])
-    p.add_argument("--history", type=int, default=PAPER["history"])
-    p.add_argument("--max-prompt-tokens", type=int, default=PAPER["max_prompt_tokens"])
-    p.add_argument("--max-new-tokens", type=int, default=PAPER["max_new_tokens"])
-    p.add_argument("--temperature", type=float, default=PAPER["temperature"])
-    p.add_argument("--analysis-max-new-tokens", type=int, default=PAPER["analysis_max_new_tokens"])
-    p.add_argument("--analysis-max-len", type=int, default=PAPER["analysis_max_len"])
-    p.add_argument("--lr", type=float, default=PAPER["lr"])
-    p.add_argument("--mini-batch", type=int, default=PAPER["mini_batch"], help="step samples per optimizer step (all ranks)")
-    p.add_argument("--micro-batch", type=int, default=PAPER["micro_batch"], help="step samples per forward (per rank)")
-    p.add_argument("--clip-eps", type=float, default=PAPER["clip_eps"])
-    p.add_argument("--grad-clip", type=float, default=PAPER["grad_clip"])
-    p.add_argument("--kl-coef", type=float, default=PAPER["kl_coef"])
-    p.add_argument("--opd-coef", type=float, default=PAPER["opd_coef"], help="0 = plain GRPO (no analysis, no teacher pass)")
-    p.add_argument("--opd-beta", type=float, default=PAPER["opd_beta"])
-    p.add_argument("--adv-mode", default=PAPER["adv_mode"], choices=["episode", "steps"])
-    p.add_argument("--invalid-fallback", default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=None, help="env worker processes per rank")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.4, help="vLLM's share of each GPU")
-    p.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+    g.add_argument("--backend", default=None, choices=["vllm", "hf"], help="default: vllm if installed and on GPU")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.4, help="vLLM's share of each GPU")
+    g.add_argument("--analysis-max-new-tokens", type=int, default=paper["analysis_max_new_tokens"],
+                   help="tokens of one self-analysis answer (greedy)")
+    g.add_argument("--analysis-max-len", type=int, default=paper["analysis_max_len"],
+                   help="analysis prompt + answer limit; longer episodes get no skill (teacher mask 0)")
+    g = p.add_argument_group("optimization")
+    g.add_argument("--lr", type=float, default=paper["lr"], help="AdamW learning rate")
+    g.add_argument("--warmup-ratio", type=float, default=paper["warmup_ratio"],
+                   help="linear lr warm-up over this fraction of the updates, then constant")
+    g.add_argument("--mini-batch", type=int, default=paper["mini_batch"], help="step samples per optimizer step (all ranks)")
+    g.add_argument("--micro-batch", type=int, default=paper["micro_batch"], help="step samples per forward (per rank)")
+    g.add_argument("--clip-eps", type=float, default=paper["clip_eps"], help="PPO clip range")
+    g.add_argument("--grad-clip", type=float, default=paper["grad_clip"], help="global grad-norm clip")
+    g.add_argument("--kl-coef", type=float, default=paper["kl_coef"], help="k3 KL-to-reference coefficient (0: no reference)")
+    g.add_argument("--opd-coef", type=float, default=paper["opd_coef"], help="OPD coefficient; 0 = plain GRPO (no "
+                   "analysis, no teacher pass)")
+    g.add_argument("--opd-beta", type=float, default=paper["opd_beta"], help="sharpness of the OPD sigmoid gate")
+    g.add_argument("--adv-mode", default=paper["adv_mode"], choices=["episode", "steps"],
+                   help="GRPO statistics over the group's episodes (paper) or its flattened step samples (public code)")
+    g.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True,
                    help="recompute each decoder layer in backward: a micro-batch of 32 x ~2.5k tokens of a 0.5B "
                         "model holds ~80 GB of activations without it")
-    p.add_argument("--save-every", type=int, default=10, help="trainer checkpoint + HF checkpoint every N updates")
-    p.add_argument("--dump-examples", type=int, default=4, help="plain-vs-skill examples dumped per update")
-    p.add_argument("--out", default="runs/seed")
-    args = p.parse_args()
+    g = p.add_argument_group("logging and checkpoints")
+    g.add_argument("--seed", type=int, default=0, help="task stream, sampling and mini-batch order")
+    g.add_argument("--save-every", type=int, default=10, help="trainer checkpoint + HF checkpoint every N updates")
+    g.add_argument("--dump-examples", type=int, default=4, help="plain-vs-skill examples dumped per update")
+    g.add_argument("--out", default="runs/seed", help="output folder (metrics, examples, checkpoints, manifest)")
+    return p.parse_args(), env, paper
+
+
+def main():
+    args, env, paper = parse_args()
 
     # ------------------------------------------------------------------------------------------------
     # Setup: process group, models (policy + reference sharded with FSDP2), engine, env pool
@@ -231,10 +250,10 @@ def main():
     use_opd = args.opd_coef > 0
     packed = attn_implementation(device) == "flash_attention_2"  # padding-free micro-batches need FA2
     os.makedirs(args.out, exist_ok=True)
-    print0(f"seed_rl: world {world}, device {device.type}, backend {args.backend}, "
+    print0(f"seed_rl: env {env.NAME}, world {world}, device {device.type}, backend {args.backend}, "
            f"{'packed (flash-attn 2)' if packed else 'padded (SDPA)'} micro-batches")
     print0("config: " + json.dumps(vars(args)))
-    print0("differs from the paper: " + json.dumps(args_diff(args, PAPER)))
+    print0("differs from the paper: " + json.dumps(args_diff(args, paper)))
     if args.temperature != 1.0:
         print0("warning: the trainer scores at temperature 1; with --temperature != 1 the PPO ratio is off-policy")
 
@@ -267,45 +286,30 @@ def main():
         analyzer = VLLMBackend(args.analyzer_model, load_tokenizer(args.analyzer_model), max_model_len=args.analysis_max_len,
                                seed=args.seed, gpu_memory_utilization=args.gpu_memory_utilization) \
             if args.backend == "vllm" else HFBackend(load_model(args.analyzer_model, device=device), load_tokenizer(args.analyzer_model))
-    stream = rl_task_stream(args.seed, args.tasks_per_update, args.updates)
+    stream = env.rl_tasks(args.seed, args.tasks_per_update * args.updates, args)
     my_groups = list(range(rank, args.tasks_per_update, world))  # each rank plays its share of the groups
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks sharing this node's CPU cores
     n_workers = args.workers or max(1, min(len(my_groups) * args.group_size, (os.cpu_count() or 2) // local_world))
-    pool = EnvPool("envs.alfworld:make_alfworld_game", num_workers=n_workers)
+    pool = EnvPool(f"envs.{env.NAME}:make_game", num_workers=n_workers)
 
     # ------------------------------------------------------------------------------------------------
     # Resume: weights + optimizer (torch.distributed.checkpoint), update index = task cursor. The RNG needs
     # no saving: every update reseeds from (seed, update, rank) and samples are seeded per (episode, step).
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    ckpt_dir, metrics_path = os.path.join(args.out, "checkpoint"), os.path.join(args.out, "metrics.jsonl")
-    start = 0
-    if os.path.isfile(os.path.join(ckpt_dir, "state.json")):
-        state = json.load(open(os.path.join(ckpt_dir, "state.json")))
-        msd, osd = get_state_dict(policy, optimizer)
-        sd = {"model": msd, "optim": osd}
-        dcp.load(sd, checkpoint_id=ckpt_dir)
-        set_state_dict(policy, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-        start = state["update"]
-        if rank == 0:  # metrics past the checkpoint will be recomputed: keep exactly one line per update
-            rows = [r for r in read_jsonl(metrics_path) if r["update"] <= start]
-            if not any(r["update"] == start for r in rows) and state.get("metrics"):
-                rows.append(state["metrics"])
-            with open(metrics_path + ".tmp", "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
-            os.replace(metrics_path + ".tmp", metrics_path)
-        print0(f"resumed from {ckpt_dir} after update {start}")
+    start = load_checkpoint(policy, optimizer, args, rank)
     if rank == 0:
         write_manifest(os.path.join(args.out, "seed_manifest.json"),
-                       run_manifest("seed_rl.py", args, paper=PAPER, model=args.model, ref_model=args.ref_model,
+                       run_manifest("seed_rl.py", args, paper=paper, model=args.model, ref_model=args.ref_model,
                                     tokenizer=tokenizer, split="train", games=stream, seeds={"seed": args.seed},
                                     extra={"world_size": world}))
-    metrics_f = open_jsonl_for_append(metrics_path) if rank == 0 else None
+    metrics_f = open_jsonl_for_append(os.path.join(args.out, "metrics.jsonl")) if rank == 0 else None
     examples_f = open_jsonl_for_append(os.path.join(args.out, "examples.jsonl")) if rank == 0 else None
+    warmup = math.ceil(args.warmup_ratio * args.updates)
 
     for update in range(start, args.updates):
-        t_update, tm = time.perf_counter(), {}
+        t_update, tm, mem = time.perf_counter(), {}, {}
         torch.manual_seed(args.seed * 1_000_003 + update * 1009 + rank)
+        for group in optimizer.param_groups:  # linear warm-up over the first `warmup` updates, then constant
+            group["lr"] = args.lr * min(1.0, (update + 1) / warmup) if warmup else args.lr
 
         # -------------------------------------------------------------------------------------------
         # 1. Rollout: the latest weights into the engine, then this rank's groups with the plain prompt
@@ -315,10 +319,10 @@ def main():
         tasks = stream[update * args.tasks_per_update:(update + 1) * args.tasks_per_update]
         specs = [dict(tasks[g], uid=f"u{update}/g{g}/r{r}", group=g, rollout=r, seed=args.seed, update=update)
                  for g in my_groups for r in range(args.group_size)]
-        mem = {}
-        episodes, rt = play_episodes(specs, pool, engine, tokenizer, max_steps=args.max_steps, history=args.history,
-                                     max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
-                                     temperature=args.temperature, invalid_fallback=args.invalid_fallback)
+        episodes, rt = play_episodes(env, specs, pool, engine, tokenizer, max_steps=args.max_steps,
+                                     history=args.history, max_prompt_tokens=args.max_prompt_tokens,
+                                     max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                     invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty)
         tm["generate"], tm["env"] = rt["generate"], rt["reset"] + rt["env"] + rt["parse"]
         for ep in episodes:  # an env failure leaves its group instead of poisoning the advantages
             if ep["env_failure"]:
@@ -329,36 +333,17 @@ def main():
         # 2. Self-analysis: the same engine (same weights) writes one skill per episode, greedy.
         #    Unparsable -> no teacher signal for that episode (teacher mask 0); it still trains with GRPO.
         t0 = time.perf_counter()
-        skills = [None] * len(episodes)
-        if use_opd and episodes:
-            prompts = [chat_prompt(tokenizer, build_analysis_prompt(ep))[1] for ep in episodes]
-            fits = [i for i, pr in enumerate(prompts) if len(pr) + args.analysis_max_new_tokens <= args.analysis_max_len]
-            # no log-probs: nothing uses the analysis's, and HF `generate` would keep [B, 4,096, V] logits
-            answers = analyzer.generate([prompts[i] for i in fits], max_new_tokens=args.analysis_max_new_tokens,
-                                        temperature=0.0, contexts=[episodes[i] for i in fits], want_logprobs=False)
-            for i, a in zip(fits, answers):
-                rec, _ = parse_analysis(a.text)
-                skills[i] = rec["episode_skill"] if rec else None
+        skills = self_analysis(analyzer, tokenizer, episodes, args) if use_opd else [None] * len(episodes)
         if on_gpu:  # device memory with the engine awake (its weights + KV cache) and the trainer resident
             mem["mem/device_used_gib_engine_awake"] = (lambda f, t: (t - f) / 2 ** 30)(*torch.cuda.mem_get_info())
         engine.sleep()  # frees the engine's GPU memory for scoring and training
         tm["analysis"] = time.perf_counter() - t0
 
         # -------------------------------------------------------------------------------------------
-        # 3. Dual-context scoring with the pre-update weights, no grad. The teacher prompt is the plain one
-        #    with the skill block inserted; the response token ids are the very same list in both.
+        # 3. Dual-context scoring with the pre-update weights, no grad: old_lp under the plain prompt,
+        #    teacher_lp of the SAME response tokens under the skill prompt, ref_lp under the plain prompt.
         t0 = time.perf_counter()
-        samples = []  # one per (episode, step): the unit of GRPO/PPO in this multi-turn setting
-        for e, ep in enumerate(episodes):
-            for t, st in enumerate(ep["steps"]):
-                if not st["response_ids"]:
-                    continue
-                s = dict(ep=e, group=ep["group"], rollout=ep["rollout"], step=t, prompt_ids=st["prompt_ids"],
-                         response_ids=st["response_ids"], engine_lp=st["response_logprobs"],
-                         teacher_mask=float(skills[e] is not None))
-                if skills[e] is not None:
-                    s["teacher_ids"] = chat_prompt(tokenizer, step_prompt(ep, t, st["history_used"], skills[e]))[1]
-                samples.append(s)
+        samples = step_samples(episodes, skills, tokenizer)  # one per (episode, step)
         plain = [(s["prompt_ids"] + s["response_ids"], len(s["prompt_ids"]), len(s["response_ids"])) for s in samples]
         teach = [(s["teacher_ids"] + s["response_ids"], len(s["teacher_ids"]), len(s["response_ids"]))
                  for s in samples if "teacher_ids" in s]
@@ -378,45 +363,20 @@ def main():
             s["adv"] = adv[s["ep"]]
 
         # -------------------------------------------------------------------------------------------
-        # 5. Update: one pass over the update's step samples in mini-batches of `mini_batch` (all ranks),
-        #    micro-batches of `micro_batch` (gradient accumulation). Mini-batches are drawn from one seeded
-        #    permutation of a global sample order (group, rollout, step), identical on every world size.
+        # 5. Update: one pass over the update's step samples, mini-batches of `mini_batch` step samples over
+        #    all ranks (one optimizer step each), micro-batches of `micro_batch` (gradient accumulation).
         t0 = time.perf_counter()
-        counts = [0.0] * args.tasks_per_update
-        for s in samples:
-            counts[s["group"]] += 1
-        counts = [int(c) for c in global_sum(counts, device)]
-        offset = [sum(counts[:g]) for g in range(len(counts))]
-        samples.sort(key=lambda s: (s["group"], s["rollout"], s["step"]))
-        seen = {}
-        for s in samples:
-            s["gid"] = offset[s["group"]] + seen.get(s["group"], 0)
-            seen[s["group"]] = seen.get(s["group"], 0) + 1
-        n_global = sum(counts)
-        perm = torch.randperm(n_global, generator=torch.Generator().manual_seed(args.seed * 7919 + update)).tolist()
-        by_gid = {s["gid"]: s for s in samples}
-        n_mini = max(1, math.ceil(n_global / args.mini_batch))
-        totals = dict.fromkeys(["pg", "kl", "opd", "gate", "gate_active", "gap", "clipped", "ratio", "tokens", "teacher_tokens"], 0.0)
-        steps_done = skipped = 0
-        grad_norms = []
+        totals = dict.fromkeys(LOSS_SUMS + ["tokens", "teacher_tokens"], 0.0)
+        grad_norms, skipped = [], 0
         policy.train()
-        for i in range(n_mini):
-            part = [by_gid[g] for g in perm[i * args.mini_batch:(i + 1) * args.mini_batch] if g in by_gid]
-            n_tok, n_teach = global_sum([sum(len(s["response_ids"]) for s in part),
-                                         sum(len(s["response_ids"]) * s["teacher_mask"] for s in part)], device)
-            n_micro = agreed_max(math.ceil(len(part) / args.micro_batch), device)
-            # similar lengths in one micro-batch: less padding (the loss is a sum, so the order is free)
-            part.sort(key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
-            for micro in split_even(part, max(n_micro, 1)):
+        for mini, n_tok, n_teach in plan_mini_batches(samples, args, update, device):
+            for micro in micro_batches(mini, args.micro_batch, device):
                 seqs = [(s["prompt_ids"] + s["response_ids"], len(s["prompt_ids"]), len(s["response_ids"])) for s in micro]
                 lp, batch, sel = micro_batch_logprobs(policy, seqs or [DUMMY], device, packed)
-                mask = sel.float() if micro else torch.zeros_like(sel, dtype=torch.float32)
-                per_tok = lambda key: dense([s[key] for s in micro], sel) if micro else torch.zeros_like(mask)
-                adv_t = dense([torch.full((len(s["response_ids"]),), s["adv"]) for s in micro], sel) if micro else mask
-                tmask = dense([torch.full((len(s["response_ids"]),), s["teacher_mask"]) for s in micro], sel) if micro else mask
-                loss, sums = seed_loss(lp, per_tok("old_lp"), per_tok("ref_lp"), per_tok("teacher_lp"), adv_t, mask,
-                                       tmask, n_tok, n_teach, clip_eps=args.clip_eps, kl_coef=args.kl_coef,
-                                       opd_coef=args.opd_coef, beta=args.opd_beta)
+                t = per_token(micro, sel)  # old_lp, ref_lp, teacher_lp, adv, mask, teacher_mask: each [rows, T]
+                loss, sums = seed_loss(lp, t["old_lp"], t["ref_lp"], t["teacher_lp"], t["adv"], t["mask"],
+                                       t["teacher_mask"], n_tok, n_teach, clip_eps=args.clip_eps,
+                                       kl_coef=args.kl_coef, opd_coef=args.opd_coef, beta=args.opd_beta)
                 # FSDP averages gradients over ranks; this rank's loss is already its share of the global
                 # token-mean, so undo the average by scaling with the world size.
                 (loss * world).backward()
@@ -428,10 +388,9 @@ def main():
             grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
             if math.isfinite(grad_norm):  # the norm is global, so every rank takes the same branch
                 optimizer.step()
-                steps_done += 1
                 grad_norms.append(grad_norm)
             else:
-                print0(f"error: update {update + 1} mini-batch {i}: non-finite loss/gradient, step skipped")
+                print0(f"error: update {update + 1}: non-finite loss/gradient, optimizer step skipped")
                 skipped += 1
             optimizer.zero_grad(set_to_none=True)
         tm["train"] = time.perf_counter() - t0
@@ -442,68 +401,195 @@ def main():
 
         # -------------------------------------------------------------------------------------------
         # 6. Log and save
-        keys = list(totals)
-        totals = dict(zip(keys, global_sum([totals[k] for k in keys], device)))
-        eng = [(a - b) for s in samples if s["engine_lp"] is not None
-               for a, b in zip(s["engine_lp"], s["old_lp"].tolist())]
-        light = [dict(type=TASK_TYPES.get(ep["task_type"], ep["task_type"]), success=ep["success"], length=ep["length"],
-                      ret=ep["return"], invalid=sum(not s["valid"] for s in ep["steps"]), steps=len(ep["steps"]),
-                      truncated=ep["truncated_responses"], skill=skills[e] is not None)
-                 for e, ep in enumerate(episodes)]
-        gathered = [None] * world
-        dist.all_gather_object(gathered, dict(eps=light, fails=len(specs) - len(episodes),
-                                              eng=[abs(x) for x in eng], mem=mem))
         tm["update"] = time.perf_counter() - t_update
+        metrics = update_metrics(env, args, update, episodes, skills, samples, totals, grad_norms, skipped,
+                                 len(specs) - len(episodes), tm, mem, device, world)
         if rank == 0:
-            eps = [x for g in gathered for x in g["eps"]]
-            eng_diff = [x for g in gathered for x in g["eng"]]
-            n_steps = sum(x["steps"] for x in eps) or 1
-            tok, ttok = totals["tokens"] or 1, totals["teacher_tokens"]
-            mean = lambda xs: sum(xs) / len(xs) if xs else None
-            metrics = {"update": update + 1, "time": time.time(), "rollout/episodes": len(eps),
-                       "rollout/env_failures": sum(g["fails"] for g in gathered),
-                       "rollout/success_rate": mean([x["success"] for x in eps]),
-                       **{f"rollout/success/{t}": mean([x["success"] for x in eps if x["type"] == t]) for t in TYPE_ORDER},
-                       "rollout/return_mean": mean([x["ret"] for x in eps]),
-                       "rollout/episode_length": mean([x["length"] for x in eps]),
-                       "rollout/invalid_rate": sum(x["invalid"] for x in eps) / n_steps,
-                       "rollout/truncated_rate": sum(x["truncated"] for x in eps) / n_steps,
-                       "skill/parse_rate": mean([x["skill"] for x in eps]) if use_opd else None,
-                       "opd/teacher_coverage": ttok / tok if use_opd else None,
-                       "loss/pg": totals["pg"] / tok, "loss/kl": totals["kl"] / tok,
-                       "loss/opd": totals["opd"] / ttok if use_opd and ttok else None,
-                       "opd/gate_mean": totals["gate"] / ttok if use_opd and ttok else None,
-                       "opd/gate_active_ratio": totals["gate_active"] / ttok if use_opd and ttok else None,
-                       "opd/teacher_gap_mean": totals["gap"] / ttok if use_opd and ttok else None,
-                       "pg/clipfrac": totals["clipped"] / tok, "pg/ratio_mean": totals["ratio"] / tok,
-                       "grad_norm": mean(grad_norms), "tokens/response": int(totals["tokens"]),
-                       "train/optimizer_steps": steps_done, "train/skipped_steps": skipped,
-                       "check/engine_lp_absdiff_mean": mean(eng_diff), "check/engine_lp_absdiff_max": max(eng_diff, default=None),
-                       **{f"time/{k}": v for k, v in tm.items()},
-                       **{k: max(g["mem"][k] for g in gathered) for k in mem}}  # the fullest rank
-            metrics["loss/total"] = metrics["loss/pg"] + args.kl_coef * metrics["loss/kl"] + \
-                args.opd_coef * (metrics["loss/opd"] or 0.0)
             g = lambda k: "-" if metrics[k] is None else f"{metrics[k]:.4g}"
             print0(f"update {update + 1}/{args.updates} | success {g('rollout/success_rate')} len "
                    f"{g('rollout/episode_length')} invalid {g('rollout/invalid_rate')} | pg {g('loss/pg')} kl "
                    f"{g('loss/kl')} opd {g('loss/opd')} gate {g('opd/gate_mean')} cover {g('opd/teacher_coverage')} "
                    f"parse {g('skill/parse_rate')} | {tm['update']:.1f}s")
-            # plain vs skill scores of the same sampled actions, so a reader can *see* the signal
-            for s in [s for s in samples if s["teacher_mask"]][:args.dump_examples]:
-                toks = [tokenizer.decode([t]) for t in s["response_ids"]]
-                ep = episodes[s["ep"]]
-                append_jsonl(examples_f, {"update": update + 1, "uid": ep["uid"], "step": s["step"] + 1,
-                                          "skill": skills[s["ep"]], "action": ep["steps"][s["step"]]["action"],
-                                          "tokens": toks, "plain_lp": s["old_lp"].tolist(),
-                                          "teacher_lp": s["teacher_lp"].tolist(),
-                                          "gap": (s["teacher_lp"] - s["old_lp"]).tolist()})
+            dump_examples(examples_f, update, samples, episodes, skills, tokenizer, args.dump_examples)
         if (update + 1) % args.save_every == 0 or update + 1 == args.updates:
-            save_checkpoint(policy, optimizer, tokenizer, args, update + 1, metrics if rank == 0 else None, rank)
+            save_checkpoint(policy, optimizer, tokenizer, args, update + 1, metrics, rank)
         if rank == 0:
             append_jsonl(metrics_f, metrics)
     pool.close()
     dist.barrier()
     dist.destroy_process_group()
+
+
+# ====================================================================================================
+# The steps of an update, each a named function (called once per update by main, in this order)
+
+def self_analysis(analyzer, tokenizer, episodes, args):
+    """Step 2: one hindsight skill per episode (None where the answer does not parse, or the analysis prompt +
+    answer would not fit the engine's context)."""
+    skills = [None] * len(episodes)
+    prompts = [chat_prompt(tokenizer, build_analysis_prompt(ep))[1] for ep in episodes]
+    fits = [i for i, pr in enumerate(prompts) if len(pr) + args.analysis_max_new_tokens <= args.analysis_max_len]
+    if not fits:
+        return skills
+    # no log-probs: nothing uses the analysis's, and HF `generate` would keep [B, 4,096, V] logits
+    answers = analyzer.generate([prompts[i] for i in fits], max_new_tokens=args.analysis_max_new_tokens,
+                                temperature=0.0, contexts=[episodes[i] for i in fits], want_logprobs=False)
+    for i, a in zip(fits, answers):
+        rec, _ = parse_analysis(a.text)
+        skills[i] = rec["episode_skill"] if rec else None
+    return skills
+
+
+def step_samples(episodes, skills, tokenizer):
+    """Step 3's inputs: one sample per (episode, step) with a response, the unit of GRPO/PPO in this multi-turn
+    setting. The teacher prompt is the step's own plain prompt (same history entries) with the skill block
+    inserted; the response token ids are the very same list in both contexts."""
+    samples = []
+    for e, ep in enumerate(episodes):
+        for t, st in enumerate(ep["steps"]):
+            if not st["response_ids"]:
+                continue
+            s = dict(ep=e, group=ep["group"], rollout=ep["rollout"], step=t, prompt_ids=st["prompt_ids"],
+                     response_ids=st["response_ids"], engine_lp=st["response_logprobs"],
+                     teacher_mask=float(skills[e] is not None))
+            if skills[e] is not None:
+                s["teacher_ids"] = chat_prompt(tokenizer, step_prompt(ep, t, st["history_used"], skills[e]))[1]
+            samples.append(s)
+    return samples
+
+
+def plan_mini_batches(samples, args, update, device):
+    """Step 5's plan: yields (this rank's samples of the mini-batch, its response tokens over all ranks, its
+    teacher tokens over all ranks). Mini-batches are drawn from one seeded permutation of a global sample
+    order (group, rollout, step), identical on every world size; each rank keeps the samples it holds."""
+    counts = [0.0] * args.tasks_per_update
+    for s in samples:
+        counts[s["group"]] += 1
+    counts = [int(c) for c in global_sum(counts, device)]
+    offset = [sum(counts[:g]) for g in range(len(counts))]
+    samples.sort(key=lambda s: (s["group"], s["rollout"], s["step"]))
+    seen = {}
+    for s in samples:  # gid: the sample's index in the global order
+        s["gid"] = offset[s["group"]] + seen.get(s["group"], 0)
+        seen[s["group"]] = seen.get(s["group"], 0) + 1
+    n_global = sum(counts)
+    perm = torch.randperm(n_global, generator=torch.Generator().manual_seed(args.seed * 7919 + update)).tolist()
+    by_gid = {s["gid"]: s for s in samples}
+    for i in range(max(1, math.ceil(n_global / args.mini_batch))):
+        part = [by_gid[g] for g in perm[i * args.mini_batch:(i + 1) * args.mini_batch] if g in by_gid]
+        n_tok, n_teach = global_sum([sum(len(s["response_ids"]) for s in part),
+                                     sum(len(s["response_ids"]) * s["teacher_mask"] for s in part)], device)
+        yield part, n_tok, n_teach
+
+
+def micro_batches(part, micro_batch, device):
+    """A mini-batch's micro-batches: the same number on every rank (an empty one runs a dummy forward), similar
+    lengths together (less padding; the loss is a sum, so the order is free)."""
+    n_micro = agreed_max(math.ceil(len(part) / micro_batch), device)
+    part = sorted(part, key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
+    return split_even(part, max(n_micro, 1))
+
+
+def per_token(micro, sel):
+    """The loss's per-token inputs of a micro-batch in the [rows, T] layout of `sel` (0 off the responses)."""
+    if not micro:  # a dummy micro-batch: every mask 0, so it adds nothing but keeps the ranks in step
+        zero = torch.zeros_like(sel, dtype=torch.float32)
+        return dict(old_lp=zero, ref_lp=zero, teacher_lp=zero, adv=zero, mask=zero, teacher_mask=zero)
+    full = lambda key: [torch.full((len(s["response_ids"]),), float(s[key])) for s in micro]
+    return dict(old_lp=dense([s["old_lp"] for s in micro], sel), ref_lp=dense([s["ref_lp"] for s in micro], sel),
+                teacher_lp=dense([s["teacher_lp"] for s in micro], sel), adv=dense(full("adv"), sel),
+                mask=sel.float(), teacher_mask=dense(full("teacher_mask"), sel))
+
+
+LOSS_SUMS = ["pg", "kl", "opd", "gate", "gate_active", "gap", "clipped", "ratio"]
+
+
+def update_metrics(env, args, update, episodes, skills, samples, totals, grad_norms, skipped, failures, tm, mem,
+                   device, world):
+    """Step 6: the update's metrics over all ranks (a collective: every rank calls it; rank 0 gets the dict)."""
+    keys = list(totals)
+    totals = dict(zip(keys, global_sum([totals[k] for k in keys], device)))
+    eng = [abs(a - b) for s in samples if s["engine_lp"] is not None
+           for a, b in zip(s["engine_lp"], s["old_lp"].tolist())]
+    light = [dict(group=ep.get("category"), success=ep["success"], score=ep.get("score", float(ep["success"])),
+                  length=ep["length"], ret=ep["return"], invalid=sum(not s["valid"] for s in ep["steps"]),
+                  steps=len(ep["steps"]), truncated=ep["truncated_responses"], skill=skills[e] is not None)
+             for e, ep in enumerate(episodes)]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, dict(eps=light, fails=failures, eng=eng, mem=mem))
+    if dist.get_rank() != 0:
+        return None
+    use_opd = args.opd_coef > 0
+    eps = [x for g in gathered for x in g["eps"]]
+    eng_diff = [x for g in gathered for x in g["eng"]]
+    n_steps = sum(x["steps"] for x in eps) or 1
+    tok, ttok = totals["tokens"] or 1, totals["teacher_tokens"]
+    mean = lambda xs: sum(xs) / len(xs) if xs else None
+    opd = lambda k: totals[k] / ttok if use_opd and ttok else None
+    metrics = {"update": update + 1, "time": time.time(), "lr": args.lr * min(1.0, (update + 1) / max(1, math.ceil(
+                   args.warmup_ratio * args.updates))) if args.warmup_ratio else args.lr,
+               "rollout/episodes": len(eps), "rollout/env_failures": sum(g["fails"] for g in gathered),
+               "rollout/success_rate": mean([x["success"] for x in eps]),
+               **{f"rollout/success/{c}": mean([x["success"] for x in eps if x["group"] == c]) for c in env.GROUPS},
+               "rollout/score_mean": mean([x["score"] for x in eps]),
+               "rollout/return_mean": mean([x["ret"] for x in eps]),
+               "rollout/episode_length": mean([x["length"] for x in eps]),
+               "rollout/invalid_rate": sum(x["invalid"] for x in eps) / n_steps,
+               "rollout/truncated_rate": sum(x["truncated"] for x in eps) / n_steps,
+               "skill/parse_rate": mean([x["skill"] for x in eps]) if use_opd else None,
+               "opd/teacher_coverage": ttok / tok if use_opd else None,
+               "loss/pg": totals["pg"] / tok, "loss/kl": totals["kl"] / tok, "loss/opd": opd("opd"),
+               "opd/gate_mean": opd("gate"), "opd/gate_active_ratio": opd("gate_active"),
+               "opd/teacher_gap_mean": opd("gap"),
+               "pg/clipfrac": totals["clipped"] / tok, "pg/ratio_mean": totals["ratio"] / tok,
+               "grad_norm": mean(grad_norms), "tokens/response": int(totals["tokens"]),
+               "train/optimizer_steps": len(grad_norms), "train/skipped_steps": skipped,
+               "check/engine_lp_absdiff_mean": mean(eng_diff), "check/engine_lp_absdiff_max": max(eng_diff, default=None),
+               **{f"time/{k}": v for k, v in tm.items()},
+               **{k: max(g["mem"][k] for g in gathered) for k in gathered[0]["mem"]}}  # the fullest rank
+    metrics["loss/total"] = metrics["loss/pg"] + args.kl_coef * metrics["loss/kl"] + \
+        args.opd_coef * (metrics["loss/opd"] or 0.0)
+    return metrics
+
+
+def dump_examples(f, update, samples, episodes, skills, tokenizer, n):
+    """Plain vs skill scores of the same sampled actions, so a reader can *see* the OPD signal."""
+    for s in [s for s in samples if s["teacher_mask"]][:n]:
+        ep = episodes[s["ep"]]
+        append_jsonl(f, {"update": update + 1, "uid": ep["uid"], "step": s["step"] + 1, "skill": skills[s["ep"]],
+                         "action": ep["steps"][s["step"]]["action"],
+                         "tokens": [tokenizer.decode([t]) for t in s["response_ids"]],
+                         "plain_lp": s["old_lp"].tolist(), "teacher_lp": s["teacher_lp"].tolist(),
+                         "gap": (s["teacher_lp"] - s["old_lp"]).tolist()})
+
+
+# ====================================================================================================
+# Checkpoints
+
+def load_checkpoint(policy, optimizer, args, rank):
+    """Weights + optimizer of the last complete trainer checkpoint, and the metrics file cut to it. Returns the
+    number of updates done (0 without a checkpoint)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    ckpt_dir, metrics_path = os.path.join(args.out, "checkpoint"), os.path.join(args.out, "metrics.jsonl")
+    if not os.path.isfile(os.path.join(ckpt_dir, "state.json")):
+        return 0
+    with open(os.path.join(ckpt_dir, "state.json")) as f:
+        state = json.load(f)
+    msd, osd = get_state_dict(policy, optimizer)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=ckpt_dir)
+    set_state_dict(policy, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    start = state["update"]
+    if rank == 0:  # metrics past the checkpoint will be recomputed: keep exactly one line per update
+        rows = [r for r in read_jsonl(metrics_path) if r["update"] <= start]
+        if not any(r["update"] == start for r in rows) and state.get("metrics"):
+            rows.append(state["metrics"])
+        with open(metrics_path + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(metrics_path + ".tmp", metrics_path)
+    print0(f"resumed from {ckpt_dir} after update {start}")
+    return start
 
 
 def save_checkpoint(policy, optimizer, tokenizer, args, update, metrics, rank):

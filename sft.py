@@ -41,21 +41,42 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
-from envs.backends import load_model, load_tokenizer
+from envs import HelpFormatter, add_env_arg, env_from_argv, load_env
+from envs.models import load_model, load_tokenizer
 from envs.records import (append_jsonl, args_diff, open_jsonl_for_append, read_jsonl, run_manifest, sha256_file,
                           write_manifest)
 from envs.training import adamw_impl, init_distributed, make_batch, print0, response_select, save_hf_checkpoint, shard_model
 from prompts import chat_prompt
 
-# The paper's settings (SPEC.md Stage 1, step 3); argparse defaults equal these.
-PAPER = dict(epochs=3, lr=5e-6, max_length=8192, batch_size=8)
+def data_env(argv):
+    """The env of the SFT data (annotate.py writes it into every example): --env if given, else the first
+    record's, so `sft.py --data ...` takes the right preset (max length 8,192 for ALFWorld, 12,288 otherwise)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--env")
+    pre.add_argument("--data")
+    known, _ = pre.parse_known_args(argv)
+    if known.env or not known.data or not os.path.isfile(known.data):
+        return env_from_argv(argv)
+    with open(known.data, encoding="utf-8") as f:
+        first = f.readline()
+    try:
+        name = json.loads(first).get("env", "alfworld")  # examples written before envs had names: ALFWorld's
+    except (json.JSONDecodeError, AttributeError):
+        name = "alfworld"  # a malformed file: the data check below names the bad records
+    return load_env(name)
 
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+
+env = data_env(sys.argv[1:])
+# The paper's settings (SPEC.md Stage 1, step 3, and the per-env SFT max length); argparse defaults equal these.
+PAPER = dict(env=env.NAME, epochs=3, lr=5e-6, max_length=env.PRESET["sft_max_length"], batch_size=8)
+
+p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+add_env_arg(p, env)
 p.add_argument("--model", required=True, help="HF path or hub id | tiny")
 p.add_argument("--data", required=True, help="SFT JSONL written by annotate.py")
 p.add_argument("--out", required=True, help="output folder (checkpoints, metrics, manifest)")
-p.add_argument("--epochs", type=int, default=PAPER["epochs"])
-p.add_argument("--lr", type=float, default=PAPER["lr"])
+p.add_argument("--epochs", type=int, default=PAPER["epochs"], help="passes over the train examples")
+p.add_argument("--lr", type=float, default=PAPER["lr"], help="peak AdamW learning rate")
 p.add_argument("--max-length", type=int, default=PAPER["max_length"],
                help="prompt + target tokens; longer examples are skipped")
 p.add_argument("--batch-size", type=int, default=PAPER["batch_size"], help="global batch, in sequences, over all ranks")
@@ -63,8 +84,8 @@ p.add_argument("--micro-batch", type=int, default=1,
                help="sequences per forward per rank (gradient accumulation up to the global batch)")
 p.add_argument("--warmup-ratio", type=float, default=0.1,
                help="linear warmup over this fraction of the steps, then cosine decay to 0")
-p.add_argument("--weight-decay", type=float, default=0.01)
-p.add_argument("--grad-clip", type=float, default=1.0)
+p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
+p.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
 p.add_argument("--packing", default="auto", choices=["auto", "on", "off"],
                help="padding-free micro-batches; auto = when flash-attention 2 is in use (with SDPA, transformers "
                "builds a block-diagonal mask from position_ids: correct, but no faster than padding)")

@@ -22,8 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+import envs.alfworld as alfworld  # noqa: E402
 from envs.alfworld import select_games  # noqa: E402
-from envs.backends import ExpertPolicy, HFBackend, load_model, load_tokenizer  # noqa: E402
+from envs.backends import ExpertPolicy, HFBackend  # noqa: E402
+from envs.models import load_model, load_tokenizer  # noqa: E402
 from envs.pool import EnvPool  # noqa: E402
 from envs.rollout import play_episodes  # noqa: E402
 
@@ -56,10 +58,10 @@ def children_cpu():
 rows = []
 for w in [int(x) for x in args.workers.split(",")]:
     cpu0 = children_cpu()
-    with EnvPool("envs.alfworld:make_alfworld_game", num_workers=w) as pool:
+    with EnvPool("envs.alfworld:make_game", num_workers=w) as pool:
         pool.worker_pids()  # workers started before the clock runs
         t0 = time.perf_counter()
-        episodes, tm = play_episodes(games, pool, ExpertPolicy(tokenizer), tokenizer)
+        episodes, tm = play_episodes(alfworld, games, pool, ExpertPolicy(tokenizer), tokenizer)
         wall = time.perf_counter() - t0
         steps = pool.stats["steps"]
     wins = sum(ep["success"] for ep in episodes)
@@ -82,9 +84,9 @@ print("(resets/s = episodes / time in pool.reset; env steps/s = steps / time in 
 policy = HFBackend(load_model("tiny", seed=args.seed), tokenizer)
 specs = [dict(g, uid=f"{g['task_id']}#r0", seed=args.seed) for g in games[::max(1, len(games) // args.tiny_episodes)]]
 specs = specs[:args.tiny_episodes]
-with EnvPool("envs.alfworld:make_alfworld_game", num_workers=2) as pool:
+with EnvPool("envs.alfworld:make_game", num_workers=2) as pool:
     torch.manual_seed(args.seed)
-    episodes, tm = play_episodes(specs, pool, policy, tokenizer, max_steps=args.tiny_steps,
+    episodes, tm = play_episodes(alfworld, specs, pool, policy, tokenizer, max_steps=args.tiny_steps,
                                  max_new_tokens=args.max_new_tokens, temperature=0.4)
 n_ep_steps = sum(ep["length"] for ep in episodes)
 n_batched = max(len(ep["steps"]) for ep in episodes)  # one generate call per step for all live episodes

@@ -64,7 +64,7 @@ SFT)  # S1's SFT alone, from $SFT_DATA
   ;;
 S1)  # Stage 1 on the real 0.5B model, then log-prob agreement on its prompts
   mkdir -p "$RUN/stage1" "$RUN/perf"
-  step collect 150 $PY collect.py --model "$M" --backend vllm --split train --tasks-per-type 1 --rollouts 2 \
+  step collect 150 $PY collect.py --model "$M" --backend vllm --split train --tasks 6 --rollouts 2 \
       --workers 12 --gpu-memory-utilization 0.6 --out "$RUN/stage1/traj.jsonl"
   step annotate 150 $PY annotate.py --trajectories "$RUN/stage1/traj.jsonl" --out "$RUN/stage1/skills.jsonl" \
       --analyzer local --model "$M" --backend vllm --gpu-memory-utilization 0.6

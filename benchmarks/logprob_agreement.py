@@ -22,7 +22,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.backends import HFBackend, load_model, load_tokenizer  # noqa: E402
+from envs.backends import HFBackend  # noqa: E402
+from envs.models import load_model, load_tokenizer  # noqa: E402
 from envs.records import read_jsonl  # noqa: E402
 from envs.training import init_distributed, make_batch, response_select, shard_model  # noqa: E402
 

@@ -28,7 +28,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.backends import HFBackend, VLLMBackend, load_tokenizer, shared_dir, tiny_config  # noqa: E402
+from envs.backends import HFBackend, VLLMBackend  # noqa: E402
+from envs.models import load_tokenizer, shared_dir, tiny_config  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--config", default="Qwen2.5-1.5B-Instruct")

@@ -29,7 +29,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.backends import shared_dir, tiny_config  # noqa: E402
+from envs.models import shared_dir, tiny_config  # noqa: E402
 from envs.training import _TokenLogprob, adamw_impl, init_distributed, response_select, shard_model, make_batch  # noqa: E402
 from seed_rl import seed_loss  # noqa: E402
 

@@ -1,8 +1,59 @@
-"""The thin shared layer of every stage.
+"""The thin shared layer of every stage, and the env interface.
 
-envs.alfworld  ALFWorld game lists, deterministic task choice, one game (TextWorld + alfworld wrappers)
+envs.alfworld  ALFWorld (TextWorld): game lists, deterministic task choice, one game, its prompt and parser
 envs.pool      a batched env interface over worker processes (dead/hung workers replaced)
-envs.rollout   the multi-turn rollout loop and episode summaries
-envs.backends  generation backends (vLLM, HF generate, scripted expert) and model/tokenizer loading
-envs.records   append-only JSONL that survives kills, and the run manifest
+envs.rollout   the multi-turn rollout loop and episode summaries (env-agnostic: it calls only the interface)
+envs.backends  generation backends (vLLM, HF generate, scripted expert/analyzer) and model/tokenizer loading
+envs.records   append-only JSONL that survives kills, the run manifest, and the episode record schema
+envs.training  FSDP2, chunked token log-probs, micro-batches, HF checkpoints
+
+One module per benchmark, each exposing the same few names (no base class, no registry: the dict below).
+A reader compares two envs side by side; a new env is one more module with these names:
+
+  NAME                 "alfworld" | ...
+  PRESET               the paper's settings for this env (SPEC.md's per-env table); every script's defaults
+  GROUPS               the summary columns, in report order; each task's `category` is one of them
+  ENV_DESCRIPTION      how the analysis prompt names the env
+  add_args(parser)     the env's own flags (data paths, service URLs); may add none
+  stage1_tasks(seed, n, args)            Stage 1's collection set (n train tasks)
+  rl_tasks(seed, n, args)                Stage 2's task stream (n train tasks, seeded shuffle)
+  eval_tasks(split, seed, limit, args)   evaluation tasks of a split (limit: as the env defines it)
+  make_game(task)      in an env worker process: an object with reset() -> state and step(action) -> state,
+                       state = {observation, admissible, done, won, score}; reset's state also has `task`
+  build_prompt(task, observation, admissible, step, history, skill=None)   the agent's user message
+  parse_action(text, admissible)          -> (action, valid, reason)
+  action_to_execute(text, action, fallback=None)  what the env runs for a step
+  reward(state, valid, invalid_penalty)  the step reward
+  expert_response(episode)               a scripted expert's next response (CPU demos and tests)
+  data_manifest(args)                     the preset's data: counts and sha256 of the task lists
 """
+import argparse
+import importlib
+import sys
+
+ENVS = {"alfworld": "envs.alfworld"}
+
+
+def load_env(name):
+    """The env module for a name; an unknown name is a one-line error listing the known ones."""
+    if name not in ENVS:
+        sys.exit(f"unknown env {name!r}; known envs: {', '.join(ENVS)}")
+    return importlib.import_module(ENVS[name])
+
+
+def env_from_argv(argv=None, default="alfworld"):
+    """Pre-parse --env, so that a script can build its parser with that env's preset as the defaults."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--env", default=default)
+    known, _ = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return load_env(known.env)
+
+
+def add_env_arg(parser, env):
+    """The --env flag itself (already pre-parsed: this only documents it in --help)."""
+    parser.add_argument("--env", default=env.NAME, choices=list(ENVS),
+                        help="benchmark; every default below is this env's paper preset")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows the docstring's commands as written and every flag's default."""

@@ -1,4 +1,7 @@
-"""ALFWorld (TextWorld engine, the `alfworld` package): game lists, deterministic task choice, one game.
+"""ALFWorld (TextWorld engine, the `alfworld` package): the env module of the first benchmark.
+
+The same names as every env module (envs/__init__.py): the paper preset, the task lists, one game played in an
+env worker, the agent prompt, the action parser, the step reward, the summary columns, a scripted expert.
 
 Game files come from alfworld's own `AlfredTWEnv.collect_game_files` (the solvable games of a split, as
 its trainer sees them); each game is played through TextWorld with alfworld's wrappers, exactly as
@@ -9,9 +12,26 @@ import functools
 import json
 import os
 import random
+import re
 import sys
 
-# SPEC.md's reporting order; keys are alfworld's task_type names.
+from prompts.agent import action_to_execute, parse_action, skill_block  # noqa: F401  (interface names)
+
+NAME = "alfworld"
+# SPEC.md's per-env table, ALFWorld column (+ Stage 1 and evaluation). Every script's defaults come from here.
+PRESET = dict(max_steps=30, history=5, max_prompt_tokens=2048, max_new_tokens=512, invalid_penalty=0.1,
+              tasks_per_update=16, group_size=8, mini_batch=256, micro_batch=32, kl_coef=0.01, lr=1e-6,
+              warmup_ratio=0.0, updates=150, sft_max_length=8192, collect_tasks=180, rollouts=8,
+              collect_split="train", eval_splits=["valid_seen", "valid_unseen"], eval_limit=None,
+              eval_sizes={"valid_seen": 140, "valid_unseen": 134},
+              # bound on the analysis prompt in characters (~4 per token): keeps prompt + answer inside
+              # SFT's 8,192 tokens (a 30-step episode of 512-token responses would be ~16k tokens)
+              analysis_max_chars=24_000)
+WIN_REWARD = 10.0
+INVALID_PENALTY = PRESET["invalid_penalty"]
+ENV_DESCRIPTION = "an agent acting in the ALFRED text environment"
+
+# SPEC.md's reporting order; keys are alfworld's task_type names, values the summary columns.
 TASK_TYPES = {
     "pick_and_place_simple": "Pick",
     "look_at_obj_in_light": "Look",
@@ -20,11 +40,16 @@ TASK_TYPES = {
     "pick_cool_then_place_in_recep": "Cool",
     "pick_two_obj_and_place": "Pick2",
 }
-TYPE_ORDER = list(TASK_TYPES.values())
+TYPE_ORDER = GROUPS = list(TASK_TYPES.values())
 SPLITS = {"train": "train", "valid_seen": "eval_in_distribution", "valid_unseen": "eval_out_of_distribution"}
-INVALID_PENALTY = 0.1
-WIN_REWARD = 10.0
 
+
+def add_args(parser):
+    """ALFWorld needs no flags of its own: the games are found through $ALFWORLD_DATA (see data_dir)."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Games and task lists
 
 def data_dir():
     d = os.path.abspath(os.environ.get("ALFWORLD_DATA", os.path.expanduser("~/.cache/alfworld")))
@@ -78,8 +103,10 @@ def task_id_of(game_file):
 
 
 def game_record(game_file, split):
-    return {"task_id": task_id_of(game_file), "game_file": game_file, "task_type": task_type_of(game_file),
-            "split": split}
+    """A task: what the worker needs (game_file) and what the summaries group by (category)."""
+    t = task_type_of(game_file)
+    return {"task_id": task_id_of(game_file), "game_file": game_file, "task_type": t, "split": split,
+            "category": TASK_TYPES.get(t, t)}
 
 
 def select_games(split, seed, *, tasks_per_type=None, n=None):
@@ -100,10 +127,34 @@ def select_games(split, seed, *, tasks_per_type=None, n=None):
     return [game_record(g, split) for g in games]
 
 
+def stage1_tasks(seed, n, args=None):
+    """Stage 1's set: n tasks, n/6 of each type (the paper: 30 per type x 6 = 180), from the train split
+    unless args.split names another."""
+    return select_games(getattr(args, "split", None) or "train", seed, tasks_per_type=-(-n // len(TASK_TYPES)))
+
+
+def rl_tasks(seed, n, args=None):
+    """Stage 2's task instances: n games drawn from the train split (the paper: 16 x 150 = 2,400), a seeded
+    shuffle; update u plays stream[u*tasks_per_update:(u+1)*tasks_per_update]."""
+    return select_games("train", seed, n=n)
+
+
 def rl_task_stream(seed, tasks_per_update, updates):
-    """Stage 2's task instances: tasks_per_update x updates games drawn from the train split (the paper:
-    16 x 150 = 2,400), a seeded shuffle; update u plays stream[u*tasks_per_update:(u+1)*tasks_per_update]."""
-    return select_games("train", seed, n=tasks_per_update * updates)
+    return rl_tasks(seed, tasks_per_update * updates)
+
+
+def eval_tasks(split, seed, limit=None, args=None):
+    """All games of the split (sorted), or `limit` of them: seeded picks of each type taken in turn
+    (Pick, Look, Clean, Heat, Cool, Pick2, Pick, ...) so a small subset still covers every type."""
+    if limit is None:
+        return select_games(split, seed)
+    by_type = {}
+    for g in select_games(split, seed, tasks_per_type=-(-limit // len(TASK_TYPES))):
+        by_type.setdefault(g["task_type"], []).append(g)
+    out = []
+    for i in range(max(map(len, by_type.values()))):
+        out += [by_type[t][i] for t in TASK_TYPES if i < len(by_type.get(t, []))]
+    return out[:limit]
 
 
 def walkthrough(game_file):
@@ -114,7 +165,7 @@ def walkthrough(game_file):
 
 class AlfworldGame:
     """One ALFWorld game in a worker process. reset()/step() return
-    {"observation", "admissible" (without 'help'), "won", "done"}."""
+    {"observation", "admissible" (without 'help'), "won", "done", "score"}; reset also "task"."""
 
     def __init__(self, game_file):
         import textworld
@@ -127,16 +178,134 @@ class AlfworldGame:
     def _state(gs, done):
         return {"observation": gs.feedback.strip(),
                 "admissible": [a for a in gs.admissible_commands if a != "help"],
-                "won": bool(gs.won), "done": bool(done or gs.won)}
+                "won": bool(gs.won), "done": bool(done or gs.won), "score": float(bool(gs.won))}
 
     def reset(self):
-        return self._state(self.env.reset(), False)
+        state = self._state(self.env.reset(), False)
+        state["task"] = extract_task(state["observation"])
+        return state
 
     def step(self, action):
         gs, _, done = self.env.step(action)
         return self._state(gs, done)
 
 
-def make_alfworld_game(game_file):
-    """Top-level (picklable) factory for EnvPool workers."""
-    return AlfworldGame(game_file)
+def make_game(task):
+    """Top-level (picklable) factory for EnvPool workers: a task dict (or a game file path)."""
+    return AlfworldGame(task["game_file"] if isinstance(task, dict) else task)
+
+
+def reward(state, valid, invalid_penalty=INVALID_PENALTY):
+    """+10 at the step the game is won; an invalid step costs the penalty (SPEC.md)."""
+    return WIN_REWARD * state["won"] - invalid_penalty * (not valid)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The agent prompt (SPEC.md: "Agent prompt"). Every step of an episode is its own (prompt, response)
+# sample. The prompt is one user message:
+#   step 1      role, current observation, admissible actions, closing instruction
+#   step t > 1  role + task line, steps taken so far, the last k (observation, action) pairs, current step
+#               number and observation, admissible actions, closing instruction
+# The skill-aware "teacher" prompt of Stage 2 is the same prompt with an episode-skill block inserted right
+# after the task line (step 1 has no task line of its own: the block goes before the closing instruction).
+# Both prompts are built by the one function below, so they differ by exactly that block.
+
+ROLE = "You are an expert agent operating in the ALFRED embodied environment."
+
+CLOSING = (
+    "Now it is your turn to act. First reason step by step about the current situation; this reasoning "
+    "MUST be enclosed in <think> </think> tags. Then choose exactly one admissible action for this step "
+    "and give it inside <action> </action> tags."
+)
+
+
+def quote_actions(admissible):
+    return ", ".join(f"'{a}'" for a in admissible)
+
+
+def format_history(history, first_index):
+    """history: [(observation, action), ...] oldest first; first_index: the step number of history[0]."""
+    return "\n".join(f"[Observation {first_index + i}: '{obs}', Action {first_index + i}: '{act}']"
+                     for i, (obs, act) in enumerate(history))
+
+
+def build_agent_prompt(observation, admissible, *, step, task=None, history=(), skill=None):
+    """The user message for one step.
+
+    step: 1-based index of the step being decided. history: the (observation, action) pairs of the most
+    recent earlier steps that fit (oldest first; the caller chooses how many). skill: None for the plain
+    prompt, a string for the skill-augmented teacher prompt.
+    """
+    actions = quote_actions(admissible)
+    block = skill_block(skill) if skill else ""
+    if step == 1:
+        return (f"{ROLE}\n"
+                f"Your current observation is: {observation}\n"
+                f"Your admissible actions in the current situation are: [{actions}].\n\n"
+                f"{block}{CLOSING}")
+    k = len(history)
+    return (f"{ROLE} Your task is to: {task}\n"
+            f"{block}"
+            f"Before this step you have already taken {step - 1} step(s). Below are the most recent {k} "
+            f"observations and the action you took after each:\n{format_history(history, step - k)}\n"
+            f"You are now at step {step} and your current observation is: {observation}\n"
+            f"Your admissible actions in the current situation are: [{actions}].\n\n"
+            f"{CLOSING}")
+
+
+def build_prompt(task, observation, admissible, step, history, skill=None):
+    """The interface's prompt: history = the last k step records; an entry is (observation, executed action)."""
+    return build_agent_prompt(observation, admissible, step=step, task=task,
+                              history=[(s["observation"], s["executed"]) for s in history], skill=skill)
+
+
+def extract_task(first_observation):
+    """ALFWorld's first observation ends with 'Your task is to: <task>'; '' when absent."""
+    m = re.search(r"Your task is to:\s*(.+)", first_observation)
+    return m.group(1).strip().rstrip(".") + "." if m else ""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Scripted expert and the data manifest
+
+@functools.lru_cache(maxsize=4096)
+def _plan(game_file):
+    return tuple(walkthrough(game_file))
+
+
+def expert_response(episode):
+    """The next command of the game's stored walkthrough, in the agent's <think>/<action> format."""
+    plan, t = _plan(episode["game_file"]), len(episode["steps"])
+    action = plan[t] if t < len(plan) else "look"
+    return (f"<think>Following the expert plan: step {t + 1} of {len(plan)} is '{action}'.</think>\n"
+            f"<action>{action}</action>")
+
+
+def data_manifest(seed, tasks_per_update, updates, stage1_n):
+    """The preset's data: the Stage 1 task set and the RL task stream, per type, with checks against the
+    paper's Table 3 (as SPEC.md states it). Returns (printable lines, checks {name: ok}, manifest dict)."""
+    from envs.records import games_summary
+    stage1, stream = stage1_tasks(seed, stage1_n), rl_tasks(seed, tasks_per_update * updates)
+    s1, rl = games_summary(stage1), games_summary(stream)
+    rollouts = PRESET["rollouts"]
+    per_type = stage1_n // len(TASK_TYPES)
+    lines = [f"{'type':<6} {'stage1 tasks':>12} {'x' + str(rollouts) + ' trajectories':>16} {'RL stream':>10}"]
+    for t, name in TASK_TYPES.items():
+        lines.append(f"{name:<6} {s1['per_type'].get(t, 0):>12} {s1['per_type'].get(t, 0) * rollouts:>16} "
+                     f"{rl['per_type'].get(t, 0):>10}")
+    lines.append(f"{'total':<6} {s1['count']:>12} {s1['count'] * rollouts:>16} {rl['count']:>10}")
+    overlap = len({g["task_id"] for g in stage1} & {g["task_id"] for g in stream})
+    lines += [f"stage 1 set : splits {s1['per_split']}, {s1['unique']} distinct, game-list sha256 {s1['sha256']}",
+              f"RL stream   : splits {rl['per_split']}, {rl['unique']} distinct, game-list sha256 {rl['sha256']} "
+              f"({tasks_per_update} tasks x {updates} updates; {overlap} of its games are also in the stage 1 set)"]
+    checks = {
+        f"stage 1 tasks = {stage1_n} ({per_type} per type)":
+            s1["count"] == stage1_n and all(s1["per_type"].get(t) == per_type for t in TASK_TYPES),
+        f"stage 1 trajectories = {stage1_n * rollouts}": s1["count"] * rollouts == stage1_n * rollouts,
+        f"RL task instances = {tasks_per_update * updates}": rl["count"] == tasks_per_update * updates,
+        # the split as the game file's own folder says (task ids are '<split>/<task>/<trial>'), not a label
+        "every game from the train split": {g["task_id"].split("/")[0] for g in stage1 + stream} == {"train"},
+    }
+    manifest = {"stage1": dict(s1, trajectories=s1["count"] * rollouts, task_ids=[g["task_id"] for g in stage1]),
+                "rl_stream": dict(rl, overlap_with_stage1=overlap, task_ids=[g["task_id"] for g in stream])}
+    return lines, checks, manifest

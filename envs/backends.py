@@ -1,4 +1,4 @@
-"""Generation backends behind one small interface, plus model/tokenizer loading.
+"""Generation backends behind one small interface (model and tokenizer loading: envs/models.py).
 
     backend.generate(prompts, max_new_tokens=..., temperature=..., contexts=None, seeds=None,
                      want_logprobs=None) -> [Generation]
@@ -13,8 +13,8 @@ backend and per call: they cost speed in vLLM and memory in HF), and why it stop
   VLLMBackend  GPU; batched; sampled-token log-probs; sleep/wake and per-parameter weight loading so it
                can live on the trainer's GPUs (one engine per torchrun rank, `external_launcher`).
   HFBackend    Hugging Face `generate`; CPU and tests; the same weight-loading interface.
-  ExpertPolicy plays each ALFWorld game's stored walkthrough inside the same <think>/<action> format, so
-               the whole chain (prompt -> parse -> env -> records) runs with wins on CPU.
+  ExpertPolicy answers with the env's scripted expert (ALFWorld: each game's stored walkthrough) in the
+               agent's own format, so the whole chain (prompt -> parse -> env -> records) runs with wins on CPU.
 """
 import json
 import os
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HUB_TOKENIZER = "Qwen/Qwen2.5-0.5B-Instruct"  # same tokenizer files as every Qwen2.5 instruct size
+from envs.models import stop_token_ids
+
 
 
 @dataclass
@@ -32,82 +32,6 @@ class Generation:
     text: str
     finish_reason: str  # 'stop' | 'length'
     logprobs: list = field(default=None)  # per response token, or None
-
-
-# ----------------------------------------------------------------------------------------------------
-# Models and tokenizers
-
-def shared_dir():
-    """../shared (or $SHARED): the offline Qwen2.5 tokenizer/configs and the ALFWorld archive."""
-    return os.environ.get("SHARED", os.path.join(os.path.dirname(REPO), "shared"))
-
-
-def default_tokenizer_path():
-    """$SEED_TOKENIZER, else the real Qwen2.5 tokenizer in ../shared/assets, else the hub id."""
-    for path in (os.environ.get("SEED_TOKENIZER"), os.path.join(shared_dir(), "assets", "qwen2.5-tokenizer")):
-        if path and os.path.isfile(os.path.join(path, "tokenizer_config.json")):
-            return path
-    return HUB_TOKENIZER
-
-
-def load_tokenizer(model):
-    """`tiny` and `expert` use the real Qwen2.5 tokenizer; a model path/hub id uses its own."""
-    from transformers import AutoTokenizer
-    path = default_tokenizer_path() if model in ("tiny", "expert") else model
-    tok = AutoTokenizer.from_pretrained(path)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def stop_token_ids(tokenizer):
-    """Tokens that end a response: <|im_end|> (Qwen's eos) and <|endoftext|>."""
-    ids = {tokenizer.eos_token_id}
-    for t in ("<|im_end|>", "<|endoftext|>"):
-        i = tokenizer.convert_tokens_to_ids(t)
-        if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id:
-            ids.add(i)
-    return sorted(i for i in ids if i is not None)
-
-
-def tiny_config():
-    """A tiny random Qwen2 with the real Qwen2.5 vocabulary (CPU demos and tests)."""
-    from transformers import Qwen2Config
-    return Qwen2Config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
-                       tie_word_embeddings=True, rope_theta=1e6, bos_token_id=151643, eos_token_id=151645)
-
-
-def attn_implementation(device):
-    """flash-attention 2 when installed (GPU), else PyTorch SDPA."""
-    if device.type == "cuda":
-        try:
-            import flash_attn  # noqa: F401
-            return "flash_attention_2"
-        except ImportError:
-            pass
-    return "sdpa"
-
-
-def load_model(model, *, dtype=torch.float32, device="cpu", seed=0):
-    """`tiny` -> a random tiny Qwen2 (seeded); otherwise from_pretrained(path or hub id)."""
-    from transformers import AutoModelForCausalLM
-    device = torch.device(device)
-    if model == "tiny":
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            m = AutoModelForCausalLM.from_config(tiny_config(), attn_implementation="sdpa", dtype=dtype)
-        return m.to(device)
-    return AutoModelForCausalLM.from_pretrained(model, dtype=dtype,
-                                                attn_implementation=attn_implementation(device)).to(device)
-
-
-def clean_param_name(name):
-    """Parameter names as the HF checkpoint has them: drop wrapper prefixes (activation checkpointing,
-    torch.compile) so the same names work for vLLM's load_weights and for saving."""
-    for junk in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
-        name = name.replace(junk, "")
-    return name
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -128,12 +52,6 @@ class SeededSampler:
                          for g in self.gens])
         gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))  # [B, V]
         return scores.float() / self.temperature + gumbel.float()
-
-
-def sample_seed(*parts):
-    """A stable 63-bit seed from (run seed, episode id, step, ...)."""
-    import hashlib
-    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
 
 
 class HFBackend:
@@ -281,30 +199,22 @@ class VLLMBackend:
 
 
 class ExpertPolicy:
-    """Scripted expert: answers each step with the next command of the game's stored walkthrough, in the
-    agent's <think>/<action> format. contexts[i] is the episode record (needs 'game_file' and 'steps')."""
+    """Scripted expert: each step's response is the episode's env's `expert_response(episode)` (ALFWorld: the
+    next command of the game's stored walkthrough), in the agent's own format, so the whole chain (prompt ->
+    parse -> env -> records) runs with wins on CPU. contexts[i] is the live episode record."""
 
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.plans = {}
-
-    def plan(self, game_file):
-        if game_file not in self.plans:
-            with open(game_file) as f:
-                self.plans[game_file] = list(json.load(f).get("walkthrough", []))
-        return self.plans[game_file]
 
     def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None, seeds=None,
                  want_logprobs=None):  # scripted: never any log-probs
+        from envs import load_env
         if contexts is None:
             raise ValueError("ExpertPolicy needs the episodes as contexts")
         out = []
         for ep in contexts:
-            plan, t = self.plan(ep["game_file"]), len(ep["steps"])
-            action = plan[t] if t < len(plan) else "look"
-            text = (f"<think>Following the expert plan: step {t + 1} of {len(plan)} is '{action}'.</think>\n"
-                    f"<action>{action}</action>")
+            text = load_env(ep.get("env", "alfworld")).expert_response(ep)
             ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.eos]
             out.append(Generation(ids, text, "stop", None))
         return out

@@ -1,28 +1,61 @@
 """The multi-turn rollout loop: plays a batch of episodes, one batched generation call per step.
 
-Each step of each live episode: build the plain prompt (last k history entries; the oldest dropped first
-while the chat-templated prompt is over `max_prompt_tokens`), generate, parse the action, step the env,
-and record everything a later stage needs to rebuild the same prompt (with or without a skill), score the
-same response tokens, and serialize the episode for the analyzer.
+Env-agnostic: it calls only the env interface (envs/__init__.py). Each step of each live episode: build the
+plain prompt (last k history entries; the oldest dropped first while the chat-templated prompt is over
+`max_prompt_tokens`), generate, parse the action, step the env, and record everything a later stage needs to
+rebuild the same prompt (with or without a skill), score the same response tokens, and serialize the episode
+for the analyzer (the record schema: envs/records.py).
 
-Reward (SPEC.md): +10 at the step the game is won, -0.1 for an invalid step; return = sum; success = won.
-An episode ends when won, when the env says done, after `max_steps`, or on an env failure (the failure is
-recorded in `env_failure`; trainers drop such episodes from their groups).
+Reward: the env's (`env.reward`: ALFWorld +10 at the step the game is won, minus the invalid-step penalty);
+return = sum; success = won. An episode ends when won, when the env says done, after `max_steps`, or on an
+env failure (the failure is recorded in `env_failure`; trainers drop such episodes from their groups).
+
+The episode record (built here: `new_episode`, `play_episodes`; one JSON line per episode in collect.py's and
+evaluate.py's outputs). Readers: annotate.py (A), sft.py via annotate's SFT file (S), seed_rl.py (R),
+evaluate.py and the summaries (E).
+
+| key | meaning | read by |
+| --- | --- | --- |
+| env | the env module's NAME ("alfworld", ...): which prompt, parser and analysis wording apply | A R E |
+| task_id, split, category | the task (stable id), its split, its summary column (a GROUPS entry) | A E |
+| ...task fields | whatever the env's task dict holds (ALFWorld: game_file, task_type) | the env |
+| uid, group, rollout, seed | episode id; GRPO group and index inside it; the run seed (sampling seeds) | A R E |
+| task | the instruction text shown on the task line | A R |
+| steps | one record per step, below | A R E |
+| return, length, success, score | sum of step rewards; steps played; won; final score in [0, 1] | A R E |
+| env_failure | None, or why the env broke (the episode is dropped from training and summaries) | A R E |
+| prompt_too_long, history_truncations, truncated_responses | counters of the length limits | E |
+
+| step key | meaning | read by |
+| --- | --- | --- |
+| step | 1-based step number | A |
+| prompt, prompt_ids, history_used | the plain prompt exactly as generated from (text, token ids, history entries k) | R |
+| response, response_ids, response_logprobs, truncated | the sampled response (text, token ids incl. the stop token, the engine's log-probs, cut at the limit) | A R |
+| action, executed, valid, invalid_reason | the parsed action, what the env ran, the validity rule's verdict | A E |
+| observation, admissible | what the agent saw before acting (rebuilds the prompt with a skill) | A R |
+| reward, done, won, score, feedback | the env's answer to the step | A E |
 """
 import time
 
-from envs.alfworld import INVALID_PENALTY, WIN_REWARD
-from envs.backends import sample_seed
-from prompts import action_to_execute, build_agent_prompt, chat_prompt, extract_task, parse_action
+from envs import load_env
+from prompts import chat_prompt
+
+
+def sample_seed(*parts):
+    """A stable 63-bit seed from (run seed, episode id, step, ...)."""
+    import hashlib
+    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
 
 
 def step_prompt(episode, t, k, skill=None):
-    """The user message of step t (0-based) of a recorded episode, with its last k history entries."""
+    """The user message of step t (0-based) of a recorded episode, with its last k history entries, built by
+    the episode's own env."""
+    env = load_env(episode.get("env", "alfworld"))  # records written before envs had names are ALFWorld's
     steps = episode["steps"]
     obs, adm = (steps[t]["observation"], steps[t]["admissible"]) if t < len(steps) else \
         (episode["_obs"], episode["_admissible"])
-    history = [(s["observation"], s["executed"]) for s in steps[max(0, t - k):t]] if k > 0 else []
-    return build_agent_prompt(obs, adm, step=t + 1, task=episode["task"], history=history, skill=skill)
+    history = steps[max(0, t - k):t] if k > 0 else []
+    return env.build_prompt(episode["task"], obs, adm, t + 1, history, skill)
 
 
 def fit_prompt(tokenizer, episode, t, history, max_prompt_tokens, skill=None):
@@ -34,27 +67,27 @@ def fit_prompt(tokenizer, episode, t, history, max_prompt_tokens, skill=None):
     return None
 
 
-def new_episode(spec, state):
+def new_episode(env, spec, state):
     ep = dict(spec)
-    ep.update(steps=[], task="", env_failure=None, prompt_too_long=False, truncated_responses=0,
-              history_truncations=0, **{"return": 0.0}, length=0, success=False, done=False)
+    ep.update(env=env.NAME, steps=[], task="", env_failure=None, prompt_too_long=False, truncated_responses=0,
+              history_truncations=0, **{"return": 0.0}, length=0, success=False, score=0.0, done=False)
     if "error" in state:
         ep.update(env_failure=state["error"], done=True)
     else:
-        ep.update(task=extract_task(state["observation"]), _obs=state["observation"],
-                  _admissible=state["admissible"])
+        ep.update(task=state.get("task", ""), _obs=state["observation"], _admissible=state["admissible"])
     return ep
 
 
-def play_episodes(specs, pool, policy, tokenizer, *, max_steps=30, history=5, max_prompt_tokens=2048,
-                  max_new_tokens=512, temperature=0.4, invalid_fallback=None, progress=None):
-    """specs: one dict per episode (ids: task_id, game_file, task_type, split, group, rollout, seed, ...).
+def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=5, max_prompt_tokens=2048,
+                  max_new_tokens=512, temperature=0.4, invalid_fallback=None, invalid_penalty=None, progress=None):
+    """env: the env module; specs: one task dict per episode (its task fields plus group, rollout, seed, uid).
     Returns (episodes, timings) where timings = seconds spent in {'reset','generate','parse','env'}."""
+    invalid_penalty = env.PRESET["invalid_penalty"] if invalid_penalty is None else invalid_penalty
     timings = {"reset": 0.0, "generate": 0.0, "parse": 0.0, "env": 0.0}
     t0 = time.perf_counter()
-    states = pool.reset([s["game_file"] for s in specs])
+    states = pool.reset(specs)  # each worker builds its game from the task dict (env.make_game)
     timings["reset"] += time.perf_counter() - t0
-    episodes = [new_episode(s, st) for s, st in zip(specs, states)]
+    episodes = [new_episode(env, s, st) for s, st in zip(specs, states)]
 
     for t in range(max_steps):
         live = [i for i, ep in enumerate(episodes) if not ep["done"]]
@@ -87,8 +120,8 @@ def play_episodes(specs, pool, policy, tokenizer, *, max_steps=30, history=5, ma
         actions, parsed = {}, {}
         for i, (text, ids, k), g in zip(ready, prompts, gens):
             ep = episodes[i]
-            action, valid, reason = parse_action(g.text, ep["_admissible"])
-            actions[i] = action_to_execute(g.text, action, invalid_fallback)
+            action, valid, reason = env.parse_action(g.text, ep["_admissible"])
+            actions[i] = env.action_to_execute(g.text, action, invalid_fallback)
             parsed[i] = dict(step=t + 1, prompt=text, prompt_ids=list(ids), history_used=k,
                              response=g.text, response_ids=list(g.token_ids), response_logprobs=g.logprobs,
                              truncated=g.finish_reason == "length", action=action, executed=actions[i],
@@ -104,13 +137,13 @@ def play_episodes(specs, pool, policy, tokenizer, *, max_steps=30, history=5, ma
             if "error" in st:
                 ep.update(env_failure=st["error"], done=True)
                 continue
-            reward = WIN_REWARD * st["won"] - INVALID_PENALTY * (not rec["valid"])
+            reward = env.reward(st, rec["valid"], invalid_penalty)
             rec.update(reward=reward, done=st["done"] or t + 1 == max_steps, won=st["won"],
-                       feedback=st["observation"])
+                       score=st.get("score", float(st["won"])), feedback=st["observation"])
             ep["steps"].append(rec)
             ep["return"] += reward
             ep["truncated_responses"] += rec["truncated"]
-            ep.update(length=len(ep["steps"]), success=st["won"], done=rec["done"],
+            ep.update(length=len(ep["steps"]), success=st["won"], score=rec["score"], done=rec["done"],
                       _obs=st["observation"], _admissible=st["admissible"])
         if progress is not None:
             progress(sum(ep["done"] for ep in episodes), len(episodes))
@@ -123,25 +156,29 @@ def play_episodes(specs, pool, policy, tokenizer, *, max_steps=30, history=5, ma
     return episodes, timings
 
 
-def summarize_episodes(episodes):
-    """Per task type (SPEC.md order) and All: episodes, success rate, mean length, invalid-action rate.
-    Env failures are counted apart and excluded from the rates; episodes cut because even the history-free
-    prompt was over the limit count as failures and are also counted apart ('prompt_too_long')."""
-    from envs.alfworld import TASK_TYPES, TYPE_ORDER
-    rows = {name: [] for name in TYPE_ORDER}
+def summarize_episodes(episodes, env=None):
+    """Per summary column (the env's GROUPS, in order) and All: episodes, success rate, mean final score, mean
+    length, invalid-action rate. Env failures are counted apart and excluded from the rates; episodes cut
+    because even the history-free prompt was over the limit count as failures and are also counted apart
+    ('prompt_too_long')."""
+    if env is None:
+        env = load_env(episodes[0].get("env", "alfworld") if episodes else "alfworld")
+    rows = {name: [] for name in env.GROUPS}
     failures = 0
     for ep in episodes:
         if ep.get("env_failure"):
             failures += 1
             continue
-        rows[TASK_TYPES.get(ep["task_type"], ep["task_type"])].append(ep)
-    rows["All"] = [ep for name in TYPE_ORDER for ep in rows[name]]
+        rows.setdefault(ep.get("category", "?"), []).append(ep)
+    rows["All"] = [ep for name in list(rows) for ep in rows[name]]
     out = {}
     for name, eps in rows.items():
         n_steps = sum(len(ep["steps"]) for ep in eps)
+        mean = lambda xs: sum(xs) / len(xs) if xs else None
         out[name] = {"episodes": len(eps),
-                     "success": sum(ep["success"] for ep in eps) / len(eps) if eps else None,
-                     "length": sum(ep["length"] for ep in eps) / len(eps) if eps else None,
+                     "success": mean([ep["success"] for ep in eps]),
+                     "score": mean([ep.get("score", float(ep["success"])) for ep in eps]),
+                     "length": mean([ep["length"] for ep in eps]),
                      "invalid_rate": sum(not s["valid"] for ep in eps for s in ep["steps"]) / n_steps
                      if n_steps else None}
     out["env_failures"] = failures
@@ -151,13 +188,32 @@ def summarize_episodes(episodes):
 
 def format_summary(summary, title="success per task type"):
     fmt = lambda v, pct=False: "-" if v is None else (f"{100 * v:.1f}" if pct else f"{v:.1f}")
-    lines = [title, f"{'type':<6} {'episodes':>8} {'success%':>8} {'length':>7} {'invalid%':>8}"]
+    # the mean score is shown only where it says more than success (WebShop's partial credit)
+    scored = any(r["score"] != r["success"] for k, r in summary.items() if isinstance(r, dict))
+    lines = [title, f"{'column':<8} {'episodes':>8} {'success%':>8}" + (f" {'score%':>7}" if scored else "")
+             + f" {'length':>7} {'invalid%':>8}"]
     for name, r in summary.items():
         if name in ("env_failures", "prompt_too_long"):
             continue
-        lines.append(f"{name:<6} {r['episodes']:>8} {fmt(r['success'], True):>8} {fmt(r['length']):>7} "
-                     f"{fmt(r['invalid_rate'], True):>8}")
+        lines.append(f"{name:<8} {r['episodes']:>8} {fmt(r['success'], True):>8}"
+                     + (f" {fmt(r['score'], True):>7}" if scored else "")
+                     + f" {fmt(r['length']):>7} {fmt(r['invalid_rate'], True):>8}")
     lines.append(f"env failures (excluded): {summary['env_failures']}")
     if summary.get("prompt_too_long"):
         lines.append(f"episodes cut with a prompt over the limit (counted as failures): {summary['prompt_too_long']}")
     return "\n".join(lines)
+
+
+def add_rollout_args(group, paper, temperature_help="sampling temperature"):
+    """The rollout's flags, shared by collect.py, seed_rl.py and evaluate.py (defaults: the script's `paper`,
+    which comes from the env's preset)."""
+    group.add_argument("--max-steps", type=int, default=paper["max_steps"], help="steps (turns) per episode")
+    group.add_argument("--history", type=int, default=paper["history"], help="history entries in the prompt")
+    group.add_argument("--max-prompt-tokens", type=int, default=paper["max_prompt_tokens"],
+                       help="prompt limit: the oldest history entries are dropped to fit")
+    group.add_argument("--max-new-tokens", type=int, default=paper["max_new_tokens"], help="response tokens per step")
+    group.add_argument("--temperature", type=float, default=paper["temperature"], help=temperature_help)
+    group.add_argument("--invalid-penalty", type=float, default=paper["invalid_penalty"],
+                       help="reward of an invalid step")
+    group.add_argument("--invalid-fallback", default=None, help="action executed when a response has no action tags "
+                       "(default: the env's rule, e.g. ALFWorld's tail of the raw response)")

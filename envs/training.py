@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
-from envs.backends import clean_param_name
+from envs.models import clean_param_name
 
 
 # ----------------------------------------------------------------------------------------------------

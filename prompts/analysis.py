@@ -6,7 +6,7 @@ One wording serves every stage: annotate.py sends it to an external analyzer, sf
 import json
 import re
 
-ANALYSIS_TEMPLATE = """You are reviewing one episode of an agent acting in the ALFRED text environment. Write a hindsight skill: one short instruction that will help the agent on its next attempt at tasks like this one.
+ANALYSIS_TEMPLATE = """You are reviewing one episode of {description}. Write a hindsight skill: one short instruction that will help the agent on its next attempt at tasks like this one.
 
 Task: {task}
 Outcome: {outcome}
@@ -27,10 +27,18 @@ STRICT_REMINDER = """
 IMPORTANT: your previous answer could not be used ({reason}). Reply with exactly one JSON object, with no code fences and no text before or after it, with exactly the two string keys "episode_summary" and "episode_skill"; the skill must be at least 5 words."""
 
 MIN_SKILL_WORDS = 5
-# Bound on the analysis prompt, in characters (~4 per token): a 30-step episode with 512-token responses
-# would be ~16k tokens; this keeps prompt + answer inside SFT's 8,192-token limit. Every stage uses it, so
-# the policy is trained (sft.py) on exactly the prompts it later answers (seed_rl.py).
+# Bound on the analysis prompt, in characters (~4 per token), per env (its PRESET["analysis_max_chars"]): a
+# 30-step ALFWorld episode with 512-token responses would be ~16k tokens; 24,000 characters keep prompt +
+# answer inside SFT's 8,192-token limit. Every stage uses the episode's env's bound, so the policy is trained
+# (sft.py) on exactly the prompts it later answers (seed_rl.py).
 ANALYSIS_MAX_CHARS = 24_000
+_ENV_BOUND = object()
+
+
+def episode_env(episode):
+    """The env module of a recorded episode (records written before envs had names are ALFWorld's)."""
+    from envs import load_env
+    return load_env(episode.get("env", "alfworld"))
 
 
 def outcome_text(episode):
@@ -50,16 +58,19 @@ def serialize_steps(steps, max_response_chars=None):
     return "\n\n".join(out)
 
 
-def build_analysis_prompt(episode, *, max_chars=ANALYSIS_MAX_CHARS, reminder=None):
-    """The analysis prompt for a collected episode (collect.py's record format).
+def build_analysis_prompt(episode, *, max_chars=_ENV_BOUND, reminder=None):
+    """The analysis prompt for a collected episode (collect.py's record format), describing its env.
 
-    max_chars bounds the prompt (a 30-step episode of 512-token responses is ~16k tokens): first each
-    response is shortened, then the oldest steps are dropped (said in the prompt), never silently.
+    max_chars bounds the prompt (default: the episode's env's bound; None: no bound): first each response is
+    shortened, then the oldest steps are dropped (said in the prompt), never silently.
     reminder: None, or the reason of the previous parse failure (adds the stricter reminder).
     """
+    env = episode_env(episode)
+    if max_chars is _ENV_BOUND:
+        max_chars = env.PRESET["analysis_max_chars"]
     steps = episode["steps"]
-    fill = lambda traj: ANALYSIS_TEMPLATE.format(task=episode.get("task", ""), outcome=outcome_text(episode),
-                                                 trajectory=traj)
+    fill = lambda traj: ANALYSIS_TEMPLATE.format(description=env.ENV_DESCRIPTION, task=episode.get("task", ""),
+                                                 outcome=outcome_text(episode), trajectory=traj)
     prompt = fill(serialize_steps(steps))
     if max_chars is not None and len(prompt) > max_chars:
         prompt = fill(serialize_steps(steps, max_response_chars=400))

@@ -14,7 +14,7 @@ def _ensure_alfworld_data():
     """Use $ALFWORLD_DATA; else unpack ../shared/alfworld/alfworld-data.tar.xz once into ~/.cache."""
     if os.environ.get("ALFWORLD_DATA"):
         return
-    from envs.backends import shared_dir
+    from envs.models import shared_dir
     archive = os.path.join(shared_dir(), "alfworld", "alfworld-data.tar.xz")
     target = os.path.expanduser("~/.cache/seed-alfworld")
     if not os.path.isdir(os.path.join(target, "json_2.1.1", "valid_seen")):
@@ -43,7 +43,7 @@ def run_script(args, timeout=600, check=True, **kw):
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from envs.backends import load_tokenizer
+    from envs.models import load_tokenizer
     return load_tokenizer("tiny")
 
 
@@ -51,7 +51,7 @@ def tokenizer():
 def expert_trajectories(tmp_path_factory):
     """collect.py with the scripted expert: 1 train task per type x 2 rollouts (12 winning episodes)."""
     out = tmp_path_factory.mktemp("expert") / "traj.jsonl"
-    run_script(["collect.py", "--model", "expert", "--tasks-per-type", "1", "--rollouts", "2",
+    run_script(["collect.py", "--model", "expert", "--tasks", "6", "--rollouts", "2",
                 "--workers", "2", "--out", str(out)])
     return out
 
@@ -60,6 +60,6 @@ def expert_trajectories(tmp_path_factory):
 def tiny_trajectories(tmp_path_factory):
     """collect.py with the tiny random model: 1 train task per type x 1 rollout, 3 steps (failures)."""
     out = tmp_path_factory.mktemp("tiny") / "traj.jsonl"
-    run_script(["collect.py", "--model", "tiny", "--tasks-per-type", "1", "--rollouts", "1", "--max-steps", "3",
+    run_script(["collect.py", "--model", "tiny", "--tasks", "6", "--rollouts", "1", "--max-steps", "3",
                 "--max-new-tokens", "16", "--workers", "2", "--out", str(out)])
     return out

@@ -18,7 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from envs.backends import HFBackend, VLLMBackend, load_model
+from envs.backends import HFBackend, VLLMBackend
+
+from envs.models import load_model
 
 
 class FakeLLM:

@@ -18,7 +18,7 @@ from conftest import REPO, run_script
 from envs.alfworld import select_games
 from envs.records import read_jsonl
 
-ARGS = ["--model", "expert", "--split", "valid_seen", "--tasks-per-type", "1", "--rollouts", "1", "--seed", "5",
+ARGS = ["--model", "expert", "--split", "valid_seen", "--tasks", "6", "--rollouts", "1", "--seed", "5",
         "--shard", "0/2", "--batch-episodes", "1", "--workers", "1"]
 N = 3  # episodes in shard 0/2 of 6
 

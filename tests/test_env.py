@@ -12,6 +12,7 @@ import pytest
 
 # Light imports only: the pool's workers import this module for `make_fake_game` (torch, via
 # envs.backends, would add seconds to every worker start); the rollout tests import it inside the test.
+import envs.alfworld as alfworld
 from envs.alfworld import (SPLITS, TASK_TYPES, list_games, rl_task_stream, select_games, task_id_of, task_type_of,
                            walkthrough)
 from envs.pool import EnvPool
@@ -119,10 +120,10 @@ def test_killed_worker_is_replaced_mid_episode(tokenizer):
 
     # 3 slots; slot i lives in worker i % 2: worker 0 holds slots 0 and 2, worker 1 holds slot 1
     games = select_games("valid_seen", 1, tasks_per_type=1)[:3]  # Pick, Look, Clean: 4-6 steps each
-    with EnvPool("envs.alfworld:make_alfworld_game", num_workers=2) as pool:
+    with EnvPool("envs.alfworld:make_game", num_workers=2) as pool:
         pids = pool.worker_pids()
         assert len(set(pids)) == 2 and all(_alive(p) for p in pids)
-        episodes, _ = play_episodes(games, pool, KillerPolicy(pids[0], kill_at=2), tokenizer)
+        episodes, _ = play_episodes(alfworld, games, pool, KillerPolicy(pids[0], kill_at=2), tokenizer)
         # worker 0 died before step 2: exactly its episodes end with an env failure after one recorded step;
         # worker 1's episode goes on and wins
         assert [bool(ep["env_failure"]) for ep in episodes] == [True, False, True]

@@ -11,7 +11,7 @@ from importlib import metadata
 
 from conftest import REPO
 from envs.alfworld import select_games
-from envs.backends import shared_dir
+from envs.models import shared_dir
 from envs.records import (PACKAGES, args_diff, games_sha256, games_summary, model_info, run_manifest,
                           tokenizer_info, write_manifest)
 

@@ -10,9 +10,8 @@ import re
 
 import pytest
 
-from prompts import (MIN_SKILL_WORDS, action_to_execute, build_agent_prompt, extract_task, parse_action,
-                     parse_analysis, skill_block, target_json)
-from prompts.agent import CLOSING, ROLE
+from envs.alfworld import CLOSING, ROLE, build_agent_prompt, extract_task
+from prompts import MIN_SKILL_WORDS, action_to_execute, parse_action, parse_analysis, skill_block, target_json
 
 ADM = ["go to desk 1", "go to shelf 2", "open drawer 1", "inventory", "look"]
 REASONS = {"", "no_action_tags", "no_think_tags", "cjk", "not_admissible"}

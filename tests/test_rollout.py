@@ -9,13 +9,15 @@ import re
 
 import pytest
 
+import envs.alfworld as alfworld
 from envs.alfworld import INVALID_PENALTY, WIN_REWARD, select_games, walkthrough
-from envs.backends import ExpertPolicy, Generation, stop_token_ids
+from envs.backends import ExpertPolicy, Generation
+from envs.models import stop_token_ids
 from envs.pool import EnvPool
 from envs.records import read_jsonl
 from envs.rollout import format_summary, play_episodes, step_prompt, summarize_episodes
-from prompts import build_agent_prompt, chat_prompt, skill_block
-from prompts.agent import CLOSING, ROLE
+from envs.alfworld import CLOSING, ROLE, build_agent_prompt
+from prompts import chat_prompt, skill_block
 
 SEED = 2026
 HISTORY = 5
@@ -24,7 +26,7 @@ SKILL = "First go to where such objects usually are, take it, then put it in or 
 
 @pytest.fixture(scope="module")
 def pool():
-    with EnvPool("envs.alfworld:make_alfworld_game", num_workers=2) as p:
+    with EnvPool("envs.alfworld:make_game", num_workers=2) as p:
         yield p
 
 
@@ -36,7 +38,7 @@ def games():
 @pytest.fixture(scope="module")
 def expert_run(pool, games, tokenizer):
     """The full loop with the scripted expert: paper settings (30 steps, 5 history entries, 2,048 tokens)."""
-    episodes, timings = play_episodes(games, pool, ExpertPolicy(tokenizer), tokenizer, max_steps=30,
+    episodes, timings = play_episodes(alfworld, games, pool, ExpertPolicy(tokenizer), tokenizer, max_steps=30,
                                       history=HISTORY, max_prompt_tokens=2048)
     return episodes, timings
 
@@ -132,7 +134,7 @@ def test_rewards_returns_and_max_steps(pool, games, tokenizer):
         "idle": [act("look"), act("jump")] * max_steps,
     }
     specs = [dict(win_game, uid="win"), dict(idle_game, uid="idle")]
-    (win, idle), _ = play_episodes(specs, pool, ScriptedPolicy(tokenizer, scripts), tokenizer, max_steps=max_steps)
+    (win, idle), _ = play_episodes(alfworld, specs, pool, ScriptedPolicy(tokenizer, scripts), tokenizer, max_steps=max_steps)
 
     # invalid steps cost 0.1 at that step; a win gives 10 at that step (also when that step is invalid)
     assert [s["invalid_reason"] for s in win["steps"]] == \
@@ -170,7 +172,7 @@ def test_history_truncation_keeps_prompts_under_the_limit(pool, expert_run, toke
     want_k = [max(k for k, n in enumerate(row) if n <= limit) for row in lens]
     assert any(k < min(HISTORY, t) for t, k in enumerate(want_k)), "test setup: the limit forces no truncation"
 
-    [ep], _ = play_episodes([ref], pool, ExpertPolicy(tokenizer), tokenizer, history=HISTORY,
+    [ep], _ = play_episodes(alfworld, [ref], pool, ExpertPolicy(tokenizer), tokenizer, history=HISTORY,
                             max_prompt_tokens=limit)
     assert ep["success"] and ep["length"] == T and not ep["prompt_too_long"]
     assert [s["action"] for s in ep["steps"]] == [s["action"] for s in ref["steps"]]
@@ -192,7 +194,7 @@ def test_history_truncation_keeps_prompts_under_the_limit(pool, expert_run, toke
 
 
 def test_limit_below_the_bare_prompt_ends_the_episode(pool, games, tokenizer):
-    [ep], _ = play_episodes([games[1]], pool, ExpertPolicy(tokenizer), tokenizer, max_prompt_tokens=40)
+    [ep], _ = play_episodes(alfworld, [games[1]], pool, ExpertPolicy(tokenizer), tokenizer, max_prompt_tokens=40)
     assert ep["prompt_too_long"] and ep["steps"] == [] and ep["length"] == 0
     assert not ep["success"] and ep["return"] == 0.0 and ep["env_failure"] is None
     summary = summarize_episodes([ep])

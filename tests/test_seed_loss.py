@@ -188,7 +188,7 @@ def test_plain_and_skill_contexts_score_the_same_tokens(tokenizer, expert_trajec
 # log-prob under the plain prompt and shrinks the gap.
 
 def test_opd_moves_plain_policy_toward_skill_context(tokenizer):
-    from envs.backends import load_model
+    from envs.models import load_model
     from prompts import chat_prompt, skill_block
     torch.manual_seed(0)
     model = load_model("tiny", seed=3)
@@ -274,7 +274,7 @@ def test_chunked_token_logprob_bf16_gradients_of_confident_tokens():
 
 
 def test_token_logprobs_match_full_logits_values_and_parameter_grads():
-    from envs.backends import load_model
+    from envs.models import load_model
     from envs.training import _token_logprobs, make_batch, response_select
     model = load_model("tiny", seed=1)
     seqs = [[5, 17, 99, 3, 42, 8, 8, 1000], [7, 7, 300, 12, 4]]

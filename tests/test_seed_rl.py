@@ -54,6 +54,10 @@ def test_one_process_run_logs_every_metric_and_a_nonzero_opd_signal(one_process)
         ex = json.loads(f.readline())
     assert len(ex["tokens"]) == len(ex["plain_lp"]) == len(ex["teacher_lp"]) == len(ex["gap"]) == 8
     assert ex["gap"][0] == pytest.approx(ex["teacher_lp"][0] - ex["plain_lp"][0])
+    # the losses and rollout statistics recorded before the env-interface refactor (tests/test_fingerprint.py)
+    from test_fingerprint import load_fingerprint
+    for got, want in zip(m, load_fingerprint()["seed_rl_updates"]):
+        assert close(got, want), {k: (got[k], want[k]) for k in LOSS_KEYS if got[k] != want[k]}
     # HF checkpoints that transformers loads
     from transformers import AutoModelForCausalLM
     AutoModelForCausalLM.from_pretrained(os.path.join(one_process, "hf", "final"))
