@@ -31,7 +31,7 @@ import argparse
 import importlib
 import sys
 
-ENVS = {"alfworld": "envs.alfworld"}
+ENVS = {"alfworld": "envs.alfworld", "webshop": "envs.webshop"}
 
 
 def load_env(name):

@@ -1,6 +1,7 @@
 """envs/webshop: the WebShop site on catalogs the tests write in the official record format (the real catalog
 is not on these machines): the reward against hand-computed values, the pages and their moves, goal
-generation and its determinism across worker processes, the scripted expert, and bad input.
+generation and its determinism across worker processes, the scripted expert, bad input, and the whole chain
+with --env webshop (collect.py and evaluate.py with the expert, seed_rl.py with the tiny model).
 
 Two catalogs: MINI (five hand-written products, for the reward's hand-computed values) and the synthetic one
 of envs/webshop/synthetic.py (80 products, 593 goals: a test pool of 500 and 93 train goals). The real
@@ -8,6 +9,7 @@ attribute file (../shared/webshop, read-only, never copied) is read once to chec
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -624,8 +626,59 @@ def test_malformed_files(tmp_path):
 
 
 def test_data_manifest(synth):
-    m = W.data_manifest(None)
+    lines, checks, m = W.data_manifest(0, 16, 150, 180)
     assert (m["products"], m["goals"], m["test"]["goals"], m["train"]["goals"]) == (80, 593, 500, 93)
     assert m["catalog_sha256"] == synth.sha256 and len(m["attributes_sha256"]) == 64
     assert m["noun_tagger"] in ("spacy", "fallback") and m["test"]["goals_sha256"] != m["train"]["goals_sha256"]
-    assert W.data_manifest(None) == m
+    assert m["stage1"]["count"] == 180 and m["rl_stream"]["count"] == 2400
+    # only the goal count fails: this is the synthetic catalog, not the real small set
+    assert [name for name, ok in checks.items() if not ok] == ["goals = 6910 (the real small set)"]
+    assert W.data_manifest(0, 16, 150, 180) == (lines, checks, m)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The whole chain with --env webshop (the synthetic catalog through $WEBSHOP_DATA)
+
+def test_collect_expert_wins(synth, tmp_path):
+    from conftest import run_script
+    out = tmp_path / "traj.jsonl"
+    res = run_script(["collect.py", "--env", "webshop", "--model", "expert", "--tasks", "4", "--rollouts", "2",
+                      "--workers", "2", "--out", str(out)])
+    eps = [json.loads(line) for line in open(out)]
+    assert len(eps) == 8 and all(ep["env"] == "webshop" and ep["split"] == "train" for ep in eps)
+    assert all(ep["success"] and ep["score"] == 1.0 and ep["return"] == 10.0 for ep in eps)
+    assert all(ep["steps"][-1]["executed"] == "click[buy now]" and ep["length"] <= 15 for ep in eps)
+    assert {ep["category"] for ep in eps} <= {g["category"] for g in synth.goals}
+    assert re.search(r"All\s+8\s+100\.0", res.stdout)
+
+
+def test_evaluate_expert(synth, tmp_path):
+    from conftest import run_script
+    run_script(["evaluate.py", "--env", "webshop", "--model", "expert", "--limit", "8", "--workers", "2",
+                "--out", str(tmp_path)])
+    with open(tmp_path / "results.json") as f:
+        test = json.load(f)["splits"]["test"]
+    assert (test["episodes"], test["env_failures"], test["success_pct"]["All"]["mean"]) == (8, 0, 100.0)
+    ids = [json.loads(line)["goal_index"] for line in open(tmp_path / "trajectories.jsonl")]
+    assert sorted(ids) == [t["goal_index"] for t in W.eval_tasks("test", 0, 8, None)]
+
+
+def test_evaluate_data_manifest(synth):
+    from conftest import run_script
+    res = run_script(["evaluate.py", "--env", "webshop", "--data-manifest"], check=False)
+    assert res.returncode == 1  # the synthetic catalog is not the real small set: its goal count fails
+    assert "[FAIL] goals = 6910 (the real small set)" in res.stdout
+    assert "[ok] stage 1 tasks = 180" in res.stdout and "[ok] RL task instances = 2400" in res.stdout
+
+
+def test_seed_rl_two_updates_tiny(synth, tmp_path):
+    from conftest import run_script
+    run_script(["seed_rl.py", "--env", "webshop", "--model", "tiny", "--updates", "2", "--tasks-per-update", "2",
+                "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "8", "--analyzer-model", "scripted",
+                "--save-every", "1", "--workers", "1", "--out", str(tmp_path)], timeout=900)
+    with open(tmp_path / "metrics.jsonl") as f:
+        m = [json.loads(line) for line in f]
+    assert [r["update"] for r in m] == [1, 2]
+    for r in m:
+        assert r["rollout/episodes"] == 4 and r["train/optimizer_steps"] == 1
+        assert r["opd/teacher_coverage"] == 1.0 and r["loss/opd"] != 0.0

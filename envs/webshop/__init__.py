@@ -43,6 +43,10 @@ PRESET = {
     "tasks_per_update": 16, "group_size": 8, "mini_batch": 64, "micro_batch": 8, "kl_coef": 0.01, "lr": 1e-6,
     "warmup_ratio": 0.0, "updates": 150, "sft_max_length": 12288, "collect_tasks": 180, "rollouts": 8,
     "collect_split": "train", "eval_splits": ["test"], "eval_limit": 128,
+    "eval_sizes": {"test": 128},  # SPEC: 128 goals drawn from the 500 test goals
+    # bound on the analysis prompt in characters (~4 per token): prompt + answer inside SFT's 12,288 tokens
+    # (15 steps of a ~1,500-character results page and a 512-token response would be ~50k characters)
+    "analysis_max_chars": 36_000,
 }
 WIN_REWARD = 10.0
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -122,19 +126,47 @@ def eval_tasks(split, seed, limit, args):
     return [task_record(i, split, args) for i in pool]
 
 
-def data_manifest(args):
-    """The preset's data: the files and their sha256, goal counts, and per split the sha256 of its goals
-    (asin, options, price bound, text: two machines with equal hashes play the same goals)."""
-    data_dir, _ = _dirs(args)
-    cat = load_catalog(data_dir)
-    out = {"catalog": cat.catalog_path, "catalog_sha256": cat.sha256, "attributes": cat.attribute_path,
-           "attributes_sha256": sha256_of(cat.attribute_path), "products": len(cat.products),
-           "goals": len(cat.goals), "noun_tagger": noun_tagger_name()}
+REAL_GOALS = 6910  # SPEC: synthetic goals of the real small set
+
+
+def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
+    """The preset's data (evaluate.py --data-manifest): the files and their sha256, the goals (per split the
+    sha256 of the goals themselves: asin, options, price bound, text), the Stage 1 set and the RL stream,
+    with checks against SPEC.md. args: the parsed flags (--webshop-data), else $WEBSHOP_DATA.
+    Returns (printable lines, checks {name: ok}, manifest dict)."""
+    from envs.records import games_summary
+    cat = load_catalog(_dirs(args)[0])
+    stage1, stream = stage1_tasks(seed, stage1_n, args), rl_tasks(seed, tasks_per_update * updates, args)
+    s1, rl = games_summary(stage1), games_summary(stream)
+    rollouts = PRESET["rollouts"]
+    splits = {}
     for split in ("test", "train"):
         goals = [cat.goals[i] for i in split_indices(split, len(cat.goals))]
-        digest = hashlib.sha256(json.dumps(goals, sort_keys=True).encode()).hexdigest()
-        out[split] = {"goals": len(goals), "goals_sha256": digest}
-    return out
+        splits[split] = {"goals": len(goals),
+                         "goals_sha256": hashlib.sha256(json.dumps(goals, sort_keys=True).encode()).hexdigest()}
+    overlap = len({t["task_id"] for t in stage1} & {t["task_id"] for t in stream})
+    lines = [f"catalog     : {cat.catalog_path} ({len(cat.products)} products, sha256 {cat.sha256})",
+             f"goals       : {len(cat.goals)} (test {splits['test']['goals']}, train {splits['train']['goals']}); "
+             f"goal-list sha256 test {splits['test']['goals_sha256'][:16]}..., "
+             f"train {splits['train']['goals_sha256'][:16]}...; noun tagger: {noun_tagger_name()}",
+             f"stage 1 set : {s1['count']} train goals ({s1['unique']} distinct) x {rollouts} = "
+             f"{s1['count'] * rollouts} trajectories, task-list sha256 {s1['sha256']}",
+             f"RL stream   : {rl['count']} ({tasks_per_update} tasks x {updates} updates, {rl['unique']} distinct; "
+             f"{overlap} also in the stage 1 set), task-list sha256 {rl['sha256']}"]
+    checks = {
+        f"goals = {REAL_GOALS} (the real small set)": len(cat.goals) == REAL_GOALS,
+        f"test pool = goals 0-{TEST_GOALS - 1}": splits["test"]["goals"] == TEST_GOALS,
+        f"stage 1 tasks = {stage1_n}": s1["count"] == stage1_n,
+        f"stage 1 trajectories = {stage1_n * rollouts}": s1["count"] * rollouts == stage1_n * rollouts,
+        f"RL task instances = {tasks_per_update * updates}": rl["count"] == tasks_per_update * updates,
+        "every Stage 1 and RL goal from the train split": all(t["goal_index"] >= TEST_GOALS for t in stage1 + stream),
+    }
+    manifest = {"catalog": cat.catalog_path, "catalog_sha256": cat.sha256, "attributes": cat.attribute_path,
+                "attributes_sha256": sha256_of(cat.attribute_path), "products": len(cat.products),
+                "goals": len(cat.goals), "noun_tagger": noun_tagger_name(), **splits,
+                "stage1": dict(s1, trajectories=s1["count"] * rollouts, task_ids=[t["task_id"] for t in stage1]),
+                "rl_stream": dict(rl, overlap_with_stage1=overlap, task_ids=[t["task_id"] for t in stream])}
+    return lines, checks, manifest
 
 
 # ----------------------------------------------------------------------------------------------------
