@@ -33,7 +33,7 @@ import argparse
 import importlib
 import sys
 
-ENVS = {"alfworld": "envs.alfworld", "search": "envs.search"}
+ENVS = {"alfworld": "envs.alfworld", "webshop": "envs.webshop", "search": "envs.search"}
 
 
 def load_env(name):
