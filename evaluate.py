@@ -87,7 +87,7 @@ if args.report:
     write_report(args.report, args.out, args.smooth)
     sys.exit(0)
 if args.data_manifest:
-    lines, checks, manifest = env.data_manifest(args.seed, P["tasks_per_update"], P["updates"], P["collect_tasks"])
+    lines, checks, manifest = env.data_manifest(args.seed, P["tasks_per_update"], P["updates"], P["collect_tasks"], args)
     print(f"data manifest, {env.NAME} paper preset, seed {args.seed}")
     print("\n".join(lines))
     for name, ok in checks.items():
@@ -323,31 +323,37 @@ md = [f"# {env.NAME} evaluation: `{args.model}`", "",
       f"{args.history}, {args.samples} sample(s) per game, seed {args.seed}; commit "
       f"{(manifest['git']['commit'] or '?')[:10]}{' (dirty)' if manifest['git']['dirty'] else ''}. Success in %. "
       "**Avg** is the mean over task types (the paper's average success: its SEED 3B per-type numbers average to "
-      "its 91.8); **All** is the rate over all episodes. Length in steps; invalid % of steps.", ""]
+      "its 91.8); **All** is the rate over all episodes. Score: the mean final score in % (WebShop's partial "
+      "credit; for the other envs it equals success). Length in steps; invalid % and inadmissible % of steps "
+      "(inadmissible: a well-formed action the env does not offer; it is valid under the public rule).", ""]
 sources = []
 for s in splits:
     r = results[s]
     sc = r["success_pct"]
     md += [f"## {s}: {r['games']} games x {r['samples']} sample(s) = {r['episodes']} episodes"
            f" ({r['env_failures']} env failures, excluded)", "",
-           "| | " + " | ".join(COLUMNS) + " | length | invalid % |", "|---" * (len(COLUMNS) + 3) + "|",
+           "| | " + " | ".join(COLUMNS) + " | score % | length | invalid % | inadmissible % |",
+           "|---" * (len(COLUMNS) + 5) + "|",
            "| **this run** | " + " | ".join(cell(sc[c]["mean"]) for c in COLUMNS)
-           + f" | {cell(r['episode_length']['All'])} | {cell(r['invalid_action_pct']['All'])} |"]
+           + f" | {cell(r['score_pct']['All'])} | {cell(r['episode_length']['All'])} | "
+           f"{cell(r['invalid_action_pct']['All'])} | {cell(r['inadmissible_action_pct']['All'])} |"]
     if args.samples > 1:
         md.append("| 95% interval (t, over samples) | " + " | ".join(
             "-" if sc[c]["ci95"] is None else f"{sc[c]['ci95'][0]:.1f}-{sc[c]['ci95'][1]:.1f}" for c in COLUMNS)
-            + " | | |")
-    md.append("| episodes | " + " | ".join(str(sc[c]["episodes"]) for c in COLUMNS) + " | | |")
+            + " | | | | |")
+    md.append("| episodes | " + " | ".join(str(sc[c]["episodes"]) for c in COLUMNS) + " | | | | |")
     rows = {}
     for pr in paper_rows:
         if pr["split"] == s:
-            rows.setdefault(pr["method"], {})["Avg" if pr["type"] == "Average" else pr["type"]] = pr["value"]
+            col = "score" if pr["metric"] == "score" else "Avg" if pr["type"] == "Average" else pr["type"]
+            rows.setdefault(pr["method"], {})[col] = pr["value"]
             if pr["source"] not in sources:
                 sources.append(pr["source"])
     for method, vals in rows.items():
-        md.append(f"| paper: {backbone} {method} | " + " | ".join(cell(vals.get(c)) for c in COLUMNS) + " | - | - |")
+        md.append(f"| paper: {backbone} {method} | " + " | ".join(cell(vals.get(c)) for c in COLUMNS)
+                  + f" | {cell(vals.get('score'))} | - | - | - |")
     if not rows:
-        md.append(f"| paper: {backbone} | " + " | ".join("-" for _ in COLUMNS) + " | - | - |")
+        md.append(f"| paper: {backbone} | " + " | ".join("-" for _ in COLUMNS) + " | - | - | - | - |")
         md += ["", f"SPEC.md states no {s} number for {backbone}."]
     if len(r["types_present"]) < len(env.GROUPS):
         md += ["", f"This run's Avg is over the {len(r['types_present'])} task types present "
@@ -356,7 +362,7 @@ for s in splits:
 other = [pr for pr in paper_rows if pr["split"] is None]
 if other:
     md += [f"Other paper numbers for {backbone} ({env.NAME}, split not stated in SPEC.md): "
-           + "; ".join(f"{pr['method']} {pr['value']}" for pr in other) + ".", ""]
+           + "; ".join(f"{pr['method']} {pr['metric']} {pr['value']}" for pr in other) + ".", ""]
     sources += [src for src in dict.fromkeys(pr["source"] for pr in other) if src not in sources]
 md += ["## Conditions that differ from the paper", ""] + [f"- {d}" for d in differences]
 md += ["", "Not known (SPEC.md does not state them):", ""] + [f"- {u}" for u in unknown]

@@ -546,7 +546,8 @@ def update_metrics(env, args, update, episodes, skills, samples, totals, grad_no
                    args.warmup_ratio * args.updates))) if args.warmup_ratio else args.lr,
                "rollout/episodes": len(eps), "rollout/env_failures": sum(g["fails"] for g in gathered),
                "rollout/success_rate": mean([x["success"] for x in eps]),
-               **{f"rollout/success/{c}": mean([x["success"] for x in eps if x["group"] == c]) for c in env.GROUPS},
+               **{f"rollout/success/{c}": mean([x["success"] for x in eps if x["group"] == c])
+                  for c in env.GROUPS or sorted({str(x["group"]) for x in eps})},  # WebShop: the categories seen
                "rollout/score_mean": mean([x["score"] for x in eps]),
                "rollout/return_mean": mean([x["ret"] for x in eps]),
                "rollout/episode_length": mean([x["length"] for x in eps]),

@@ -23,7 +23,8 @@ A reader compares two envs side by side; a new env is one more module with these
   make_game(task)      in an env worker process: an object with reset() -> state and step(action) -> state,
                        state = {observation, admissible, done, won, score}; reset's state also has `task`
   build_prompt(task, observation, admissible, step, history, skill=None)   the agent's user message
-  parse_action(text, admissible)          -> (action, valid, reason)
+  parse_action(text, admissible, require_think=True)   -> (action, valid, reason)
+  is_admissible(action, admissible)      whether the action is one the env offers (a metric; None: n/a)
   action_to_execute(text, action, fallback=None)  what the env runs for a step
   reward(state, valid, invalid_penalty)  the step reward
   expert_response(episode)               a scripted expert's next response (CPU demos and tests)

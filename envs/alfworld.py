@@ -196,6 +196,11 @@ def make_game(task):
     return AlfworldGame(task["game_file"] if isinstance(task, dict) else task)
 
 
+def is_admissible(action, admissible):
+    """Whether the parsed action is one of the env's admissible commands (its own metric; not validity)."""
+    return action in admissible
+
+
 def reward(state, valid, invalid_penalty=INVALID_PENALTY):
     """+10 at the step the game is won; an invalid step costs the penalty (SPEC.md)."""
     return WIN_REWARD * state["won"] - invalid_penalty * (not valid)
@@ -289,7 +294,7 @@ def expert_response(episode):
             f"<action>{action}</action>")
 
 
-def data_manifest(seed, tasks_per_update, updates, stage1_n):
+def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
     """The preset's data: the Stage 1 task set and the RL task stream, per type, with checks against the
     paper's Table 3 (as SPEC.md states it). Returns (printable lines, checks {name: ok}, manifest dict)."""
     from envs.records import games_summary

@@ -85,7 +85,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
     """env: the env module; specs: one task dict per episode (its task fields plus group, rollout, seed, uid).
     invalid_rule: 'public' (the env's validity rule, as the paper's public code) or 'strict' (a well-formed
     action that is not admissible is invalid too: the stricter ablation). Either way each step records whether
-    its action was admissible (`admissible_action`; None where the env gives no admissible list).
+    its action was admissible (`admissible_action`, the env's `is_admissible`; None where that does not apply).
     Returns (episodes, timings) where timings = seconds spent in {'reset','generate','parse','env'}."""
     invalid_penalty = env.PRESET["invalid_penalty"] if invalid_penalty is None else invalid_penalty
     # Qwen3 with thinking off writes no <think> block of its own (the empty one is in the prompt): no think rule
@@ -128,7 +128,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
         for i, (text, ids, k), g in zip(ready, prompts, gens):
             ep = episodes[i]
             action, valid, reason = env.parse_action(g.text, ep["_admissible"], require_think=require_think)
-            admissible = action in ep["_admissible"] if ep["_admissible"] else None
+            admissible = env.is_admissible(action, ep["_admissible"])  # None: the env has no such list
             if invalid_rule == "strict" and valid and admissible is False:
                 valid, reason = False, "not_admissible"
             actions[i] = env.action_to_execute(g.text, action, invalid_fallback)
@@ -210,12 +210,13 @@ def format_summary(summary, title="success per task type"):
     fmt = lambda v, pct=False: "-" if v is None else (f"{100 * v:.1f}" if pct else f"{v:.1f}")
     # the mean score is shown only where it says more than success (WebShop's partial credit)
     scored = any(r["score"] != r["success"] for k, r in summary.items() if isinstance(r, dict))
-    lines = [title, f"{'column':<8} {'episodes':>8} {'success%':>8}" + (f" {'score%':>7}" if scored else "")
+    w = max([6] + [len(k) for k, r in summary.items() if isinstance(r, dict)])  # "2wikimultihopqa", "electronics"
+    lines = [title, f"{'group':<{w}} {'episodes':>8} {'success%':>8}" + (f" {'score%':>7}" if scored else "")
              + f" {'length':>7} {'invalid%':>8} {'inadm.%':>7}"]
     for name, r in summary.items():
         if name in ("env_failures", "prompt_too_long"):
             continue
-        lines.append(f"{name:<8} {r['episodes']:>8} {fmt(r['success'], True):>8}"
+        lines.append(f"{name:<{w}} {r['episodes']:>8} {fmt(r['success'], True):>8}"
                      + (f" {fmt(r['score'], True):>7}" if scored else "")
                      + f" {fmt(r['length']):>7} {fmt(r['invalid_rate'], True):>8} "
                      f"{fmt(r.get('inadmissible_rate'), True):>7}")

@@ -48,7 +48,8 @@ PRESET = dict(max_steps=4, history=4, max_prompt_tokens=4096, max_new_tokens=512
               # bound on the analysis prompt in characters (~4 per token): a 4-turn episode of 512-token responses
               # and three passages per search is ~5k tokens; 36,000 characters keep prompt + answer inside
               # SFT's 12,288 tokens
-              analysis_max_chars=36_000)
+              analysis_max_chars=36_000,
+              adv_norm="mean_std")  # GRPO's (R - mean) / std (SPEC.md)
 # The seven test sets in Search-R1's reporting order; each task's `category` is its data source.
 GROUPS = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
 IN_DOMAIN = {"nq", "hotpotqa"}  # the train sources; the other five are out-of-domain
@@ -433,9 +434,10 @@ ANSWER_RE = re.compile(r"<answer>((?:(?!<answer>).)*?)</answer>", re.DOTALL | re
 REASONS = ("no_block", "both_kinds", "several_blocks", "empty_block")
 
 
-def parse_action(text, admissible=None):
+def parse_action(text, admissible=None, require_think=True):
     """-> (action, valid, reason): action "search[query]" / "answer[text]" (inner whitespace folded) when
-    valid, else "" (an invalid step runs nothing); reason one of REASONS, '' when valid. Never raises."""
+    valid, else "" (an invalid step runs nothing); reason one of REASONS, '' when valid. Never raises.
+    A missing <think> is not invalid here (SPEC.md), so require_think changes nothing."""
     if not isinstance(text, str):
         text = "" if text is None else str(text)
     searches, answers = SEARCH_RE.findall(text), ANSWER_RE.findall(text)
@@ -456,6 +458,11 @@ def split_action(action):
     """("search" | "answer" | None, argument) of an executed action string."""
     m = re.fullmatch(r"(search|answer)\[(.*)\]", str(action or ""), re.DOTALL)
     return (m.group(1), m.group(2)) if m and m.group(2).strip() else (None, "")
+
+
+def is_admissible(action, admissible):
+    """Search has no admissible list (queries and answers are free text): not applicable, None."""
+    return None
 
 
 def action_to_execute(text, action, fallback=None):

@@ -67,7 +67,7 @@ def test_expert_evaluation(expert_eval):
         assert r["success_pct"]["Avg"]["mean"] == pytest.approx(
             statistics.mean(r["success_pct"][t]["mean"] for t in TYPE_ORDER))
     # Markdown: the paper's order, the paper's rows for the default backbone, the conditions that differ
-    assert "| | Pick | Look | Clean | Heat | Cool | Pick2 | Avg | All | length | invalid % |" in md
+    assert "| | Pick | Look | Clean | Heat | Cool | Pick2 | Avg | All | score % | length | invalid % | inadmissible % |" in md
     seen, unseen = md.split("## valid_unseen")
     assert "| paper: Qwen2.5-3B-Instruct SEED | 100.0 | 100.0 | 100.0 | 100.0 | 70.6 | 80.0 | 91.8 |" in seen
     assert "GRPO" in seen and "75.0" in seen and "86.2" in unseen and "70.9" in unseen

@@ -469,7 +469,9 @@ def test_parse_action_validity_is_tags_and_cjk_only():
     assert W.parse_action("<think>买</think><action>click[buy now]</action>", adm) == ("click[buy now]", False, "cjk")
     # the first block, as SPEC and verl-agent's projection
     assert W.parse_action("<think/></think><think><action> a </action><action>b</action>", adm)[0] == "a"
-    assert W.parse_action("</action><action>a", adm) == ("", False, "no_action_tags")
+    # reversed tags: the public code's slice is empty (both tags exist); then the think rule decides
+    assert W.parse_action("</action><action>a", adm) == ("", False, "no_think_tags")
+    assert W.parse_action is __import__("prompts.agent", fromlist=["x"]).parse_action  # ALFWorld's rule, shared
     for junk in (None, 12, "", "<action>", "\x00" * 10):
         W.parse_action(junk, adm)
     assert W.action_to_execute("no tags at all, then search[shoes]", "") == ", then search[shoes]"

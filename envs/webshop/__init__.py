@@ -33,6 +33,8 @@ from envs.webshop.data import DataError, load_catalog, sha256_of
 from envs.webshop.scoring import noun_tagger_name, spacy_model
 from envs.webshop.search import engine_for
 from envs.webshop.site import SEARCH_ACTION, Site
+# The validity rule is ALFWorld's (the public code's WebShop projection): action tags, think tags, CJK
+from prompts.agent import parse_action  # noqa: F401  (interface name)
 
 NAME = "webshop"
 ENV_DESCRIPTION = "an agent shopping on WebShop, a simulated e-commerce website driven by text actions"
@@ -47,6 +49,8 @@ PRESET = {
     # bound on the analysis prompt in characters (~4 per token): prompt + answer inside SFT's 12,288 tokens
     # (15 steps of a ~1,500-character results page and a 512-token response would be ~50k characters)
     "analysis_max_chars": 36_000,
+    # GRPO's (R - mean) / std as SPEC.md states it; the public code's WebShop runs use R - mean (--adv-norm mean)
+    "adv_norm": "mean_std",
 }
 WIN_REWARD = 10.0
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -235,25 +239,6 @@ def build_prompt(task, observation, admissible, step, history, skill=None):
             f"You are now at step {step} and your current observation is: {observation}\n{tail}")
 
 
-CJK_RE = re.compile(r"[\u4e00-\u9fff]")  # SPEC and verl-agent's projection: U+4E00-U+9FFF
-
-
-def parse_action(text, admissible):
-    """(action, valid, reason): the lower-cased text between the first <action> and the first </action>
-    after it, stripped. Invalid: 'no_action_tags', 'no_think_tags', 'cjk' (checked in that order).
-    Admissibility is not checked (SPEC). Never raises."""
-    text = text if isinstance(text, str) else "" if text is None else str(text)
-    low = text.lower()
-    start = low.find("<action>")
-    end = low.find("</action>", start + 8) if start >= 0 else -1
-    if start < 0 or end < 0:
-        return "", False, "no_action_tags"
-    action = low[start + 8:end].strip()
-    if "<think>" not in low or "</think>" not in low:
-        return action, False, "no_think_tags"
-    if CJK_RE.search(text):
-        return action, False, "cjk"
-    return action, True, ""
 
 
 def is_admissible(action, admissible):
