@@ -52,13 +52,57 @@ def add_args(parser):
 # ----------------------------------------------------------------------------------------------------
 # Games and task lists
 
+DATA_HOME = os.path.expanduser("~/.cache/alfworld")  # where `alfworld-download` writes (alfworld's own default)
+
+
+def _has_games(d):
+    return os.path.isdir(os.path.join(d, "json_2.1.1"))
+
+
 def data_dir():
-    d = os.path.abspath(os.environ.get("ALFWORLD_DATA", os.path.expanduser("~/.cache/alfworld")))
-    if not os.path.isdir(os.path.join(d, "json_2.1.1")):
-        raise FileNotFoundError(
-            f"ALFWorld games not found under {d}/json_2.1.1. Run `alfworld-download` (internet) or unpack "
-            f"../shared/alfworld/alfworld-data.tar.xz and set ALFWORLD_DATA (see README).")
+    """The ALFWorld games: $ALFWORLD_DATA if set, else ~/.cache/alfworld, the one location the README, the tests
+    and CI use. When ~/.cache/alfworld lacks them and the offline archive lies beside the checkout
+    (../shared/alfworld/alfworld-data.tar.xz, or under $SHARED), it is unpacked there on first use (a few
+    seconds, once); otherwise the error names the one command that gets them."""
+    chosen = os.environ.get("ALFWORLD_DATA")
+    # importing alfworld sets ALFWORLD_DATA to its own default, which is ours: the same as unset
+    explicit = bool(chosen) and os.path.abspath(os.path.expanduser(chosen)) != DATA_HOME
+    d = os.path.abspath(os.path.expanduser(chosen)) if explicit else DATA_HOME
+    if _has_games(d):
+        return d
+    if explicit:
+        sys.exit(f"ALFWorld games not found: $ALFWORLD_DATA={d} has no json_2.1.1/. Unset ALFWORLD_DATA to use "
+                 f"{DATA_HOME}, or fill this folder: `alfworld-download --data-dir {d}`")
+    from envs.models import shared_dir
+    archive = os.path.join(shared_dir(), "alfworld", "alfworld-data.tar.xz")
+    if not os.path.isfile(archive):
+        sys.exit(f"ALFWorld games not found in {d}. Get them with `alfworld-download` (internet; it writes "
+                 f"{d}), or put the offline archive at {archive}")
+    _unpack(archive, d)
     return d
+
+
+def _unpack(archive, d):
+    """Unpack the archive into d, safe against processes doing the same at once (torchrun ranks, pytest
+    workers): under a lock, into a temporary folder, then json_2.1.1/ moved in last (its presence is what
+    marks the games complete)."""
+    import fcntl
+    import shutil
+    import tarfile
+    os.makedirs(d, exist_ok=True)
+    with open(d + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _has_games(d):  # another process unpacked them while this one waited
+            return
+        print(f"[alfworld] unpacking {archive} into {d} (once)", file=sys.stderr, flush=True)
+        tmp = f"{d}.unpacking-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        with tarfile.open(archive) as t:
+            t.extractall(tmp, filter="data")
+        for name in sorted(os.listdir(tmp), key=lambda n: n == "json_2.1.1"):
+            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
+            os.rename(os.path.join(tmp, name), os.path.join(d, name))
+        os.rmdir(tmp)
 
 
 def alfworld_config():

@@ -2,7 +2,6 @@
 import os
 import subprocess
 import sys
-import tarfile
 
 import pytest
 
@@ -11,19 +10,11 @@ sys.path.insert(0, REPO)
 
 
 def _ensure_alfworld_data():
-    """Use $ALFWORLD_DATA; else unpack ../shared/alfworld/alfworld-data.tar.xz once into ~/.cache."""
-    if os.environ.get("ALFWORLD_DATA"):
-        return
-    from envs.models import shared_dir
-    archive = os.path.join(shared_dir(), "alfworld", "alfworld-data.tar.xz")
-    target = os.path.expanduser("~/.cache/seed-alfworld")
-    if not os.path.isdir(os.path.join(target, "json_2.1.1", "valid_seen")):
-        if not os.path.isfile(archive):
-            raise RuntimeError("set ALFWORLD_DATA (see README: Setup)")
-        os.makedirs(target, exist_ok=True)
-        with tarfile.open(archive) as t:
-            t.extractall(target, filter="data")
-    os.environ["ALFWORLD_DATA"] = target
+    """The games where the scripts find them: $ALFWORLD_DATA, else ~/.cache/alfworld, unpacked there from
+    ../shared/alfworld/alfworld-data.tar.xz on first use (envs/alfworld.py data_dir). Exported, so every
+    subprocess of the suite reads the same folder."""
+    from envs.alfworld import data_dir
+    os.environ["ALFWORLD_DATA"] = data_dir()
 
 
 _ensure_alfworld_data()
