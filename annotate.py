@@ -54,7 +54,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from tqdm import tqdm
 
 from envs import ENVS, HelpFormatter
-from envs.records import append_jsonl, open_jsonl_for_append, read_jsonl, run_manifest, sha256_file, write_manifest
+from envs.records import (append_jsonl, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
+                          run_manifest, sha256_file, write_manifest)
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis, target_json
 
 # The paper's settings (SPEC.md Stage 1 step 2 and 3); argparse defaults equal these. The 5-word minimum
@@ -207,13 +208,7 @@ for path in args.trajectories:
         episodes.append(ep)
 
 manifest_path = args.out + ".manifest.json"
-KEY = ("analyzer", "model", "backend", "temperature", "max_new_tokens", "parse_retries")
-if os.path.exists(manifest_path):  # resuming: refuse to mix two analyzers' answers in one file
-    with open(manifest_path) as f:
-        old = json.load(f)["args"]
-    diff = {k: (old.get(k), getattr(args, k)) for k in KEY if old.get(k) != getattr(args, k)}
-    if diff:
-        sys.exit(f"{args.out} was written with other settings {diff}; use another --out")
+old_manifest = check_resume(manifest_path, args, script="annotate.py", out=args.out)  # one analyzer per file
 latest = {r["trajectory_uid"]: r for r in read_jsonl(args.out)}  # a later record supersedes (--retry-failed)
 done = {uid for uid, r in latest.items() if not (args.retry_failed and r["status"] == "failed")}
 todo = [ep for ep in episodes if ep["uid"] not in done]
@@ -431,6 +426,7 @@ manifest = run_manifest("annotate.py", args, paper=PAPER, model=args.model, toke
                                            "collect_manifest": t + ".manifest.json"
                                            if os.path.exists(t + ".manifest.json") else None}
                                           for t in args.trajectories]})
+manifest = resumed_manifest(old_manifest, manifest, records_before=len(latest), inputs=manifest["inputs"])
 write_manifest(manifest_path, manifest)
 
 t_start = time.time()

@@ -19,7 +19,6 @@ where it stopped: episodes already written are skipped by id, a torn last line i
 `<out>.manifest.json` beside it.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -31,7 +30,8 @@ from envs import HelpFormatter, add_env_arg, env_from_argv
 from envs.backends import ExpertPolicy, HFBackend, VLLMBackend
 from envs.models import load_model, load_tokenizer
 from envs.pool import EnvPool
-from envs.records import append_jsonl, open_jsonl_for_append, read_jsonl, run_manifest, write_manifest
+from envs.records import (append_jsonl, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
+                          run_manifest, write_manifest)
 from envs.rollout import add_rollout_args, format_summary, play_episodes, summarize_episodes
 
 env = env_from_argv()  # --env first: every default below is that env's paper preset
@@ -73,17 +73,12 @@ manifest_path = args.out + ".manifest.json"
 tokenizer = load_tokenizer(args.model)
 manifest = run_manifest("collect.py", args, paper=PAPER, model=args.model, tokenizer=tokenizer, split=args.split,
                         games=games, seeds={"seed": args.seed})
-KEY = ("env", "model", "split", "tasks", "rollouts", "seed", "shard", "max_steps", "history", "temperature",
-       "max_new_tokens", "max_prompt_tokens", "invalid_fallback", "invalid_penalty", "invalid_rule")  # shapes an episode
-if os.path.exists(manifest_path):  # resuming: refuse to mix two different collections in one file
-    old = json.load(open(manifest_path))["args"]
-    diff = {k: (old.get(k), getattr(args, k)) for k in KEY if old.get(k) != getattr(args, k)}
-    if diff:
-        sys.exit(f"{args.out} was written with other settings {diff}; use another --out")
-write_manifest(manifest_path, manifest)
+old = check_resume(manifest_path, args, script="collect.py", out=args.out,  # refuse to mix two collections
+                   identity={"games.sha256": manifest["games"]["sha256"]})
 
 done_ids = {ep["uid"] for ep in read_jsonl(args.out)}
 todo = [e for e in plan if e["uid"] not in done_ids]
+write_manifest(manifest_path, resumed_manifest(old, manifest, episodes_done=len(plan) - len(todo)))
 print(f"collect: {len(games)} tasks x {args.rollouts} rollouts = {len(plan)} episodes in this shard; "
       f"{len(plan) - len(todo)} already in {args.out}, {len(todo)} to play")
 

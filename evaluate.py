@@ -33,8 +33,8 @@ import time
 
 from envs import HelpFormatter, add_env_arg, env_from_argv
 from envs.rollout import add_rollout_args
-from envs.records import (append_jsonl, games_summary, open_jsonl_for_append, read_jsonl, run_manifest,
-                          write_manifest)
+from envs.records import (append_jsonl, check_resume, games_summary, open_jsonl_for_append, read_jsonl,
+                          resumed_manifest, run_manifest, write_manifest)
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 PAPER_FILE = os.path.join(REPO, "envs", "paper_results.json")
@@ -145,18 +145,12 @@ tokenizer = load_tokenizer(args.model)
 manifest = run_manifest("evaluate.py", args, paper=PAPER, model=args.model, tokenizer=tokenizer, split=splits,
                         games=[g for s in splits for g in games[s]], seeds={"seed": args.seed},
                         extra={"games_per_split": {s: games_summary(games[s]) for s in splits}})
-KEY = ("env", "model", "splits", "limit", "samples", "seed", "temperature", "max_steps", "history",
-       "max_new_tokens", "max_prompt_tokens", "invalid_fallback", "invalid_penalty", "invalid_rule")
-if os.path.exists(manifest_path):  # resuming: refuse to mix two different evaluations in one folder
-    with open(manifest_path) as f:
-        old = json.load(f)["args"]
-    diff = {k: (old.get(k), getattr(args, k)) for k in KEY if old.get(k) != getattr(args, k)}
-    if diff:
-        sys.exit(f"{args.out} holds an evaluation with other settings {diff}; use another --out")
-write_manifest(manifest_path, manifest)
+old = check_resume(manifest_path, args, script="evaluate.py", out=args.out,  # refuse to mix two evaluations
+                   identity={"games.sha256": manifest["games"]["sha256"]})
 
 done_ids = {ep["uid"] for ep in read_jsonl(traj_path)}
 todo = [e for e in plan if e["uid"] not in done_ids]
+write_manifest(manifest_path, resumed_manifest(old, manifest, episodes_done=len(plan) - len(todo)))
 print(f"evaluate {env.NAME}: {', '.join(f'{s} {len(games[s])} tasks' for s in splits)} x {args.samples} samples = "
       f"{len(plan)} episodes; {len(plan) - len(todo)} already in {traj_path}, {len(todo)} to play")
 

@@ -38,6 +38,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 
 import torch
@@ -47,7 +48,8 @@ from envs import HelpFormatter, add_env_arg, env_from_argv
 from envs.backends import HFBackend, ScriptedAnalyzer, VLLMBackend
 from envs.models import attn_implementation, load_model, load_tokenizer
 from envs.pool import EnvPool
-from envs.records import append_jsonl, args_diff, open_jsonl_for_append, read_jsonl, run_manifest, write_manifest
+from envs.records import (append_jsonl, args_diff, check_resume, games_sha256, open_jsonl_for_append, read_jsonl,
+                          resumed_manifest, run_manifest, write_manifest)
 from envs.rollout import add_rollout_args, play_episodes, step_prompt
 from envs.training import (adamw_impl, full_params, gather_response, init_distributed, make_batch, print0, response_select,
                            save_hf_checkpoint, shard_model)
@@ -271,6 +273,14 @@ def main():
         print0("warning: the trainer scores at temperature 1; with --temperature != 1 the PPO ratio is off-policy")
 
     tokenizer = load_tokenizer(args.model)
+    stream = env.rl_tasks(args.seed, args.tasks_per_update * args.updates, args)
+    manifest = run_manifest("seed_rl.py", args, paper=paper, model=args.model, ref_model=args.ref_model,
+                            tokenizer=tokenizer, split="train", games=stream, seeds={"seed": args.seed},
+                            extra={"world_size": world})
+    old_manifest = check_resume(os.path.join(args.out, "seed_manifest.json"), args, script="seed_rl.py",
+                                out=args.out)  # every rank reads it: all refuse together, before any model loads
+    if old_manifest:
+        check_resumed_stream(old_manifest, stream, env, args)
     policy = shard_model(load_model(args.model, device=device, seed=args.seed), device,
                          activation_checkpointing=args.activation_checkpointing)
     ref = None
@@ -299,7 +309,6 @@ def main():
         analyzer = VLLMBackend(args.analyzer_model, load_tokenizer(args.analyzer_model), max_model_len=args.analysis_max_len,
                                seed=args.seed, gpu_memory_utilization=args.gpu_memory_utilization) \
             if args.backend == "vllm" else HFBackend(load_model(args.analyzer_model, device=device), load_tokenizer(args.analyzer_model))
-    stream = env.rl_tasks(args.seed, args.tasks_per_update * args.updates, args)
     my_groups = list(range(rank, args.tasks_per_update, world))  # each rank plays its share of the groups
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks sharing this node's CPU cores
     n_workers = args.workers or max(1, min(len(my_groups) * args.group_size, (os.cpu_count() or 2) // local_world))
@@ -309,11 +318,9 @@ def main():
     # Resume: weights + optimizer (torch.distributed.checkpoint), update index = task cursor. The RNG needs
     # no saving: every update reseeds from (seed, update, rank) and samples are seeded per (episode, step).
     start = load_checkpoint(policy, optimizer, args, rank)
-    if rank == 0:
+    if rank == 0:  # a resumed run keeps the first run's manifest and adds an entry for itself
         write_manifest(os.path.join(args.out, "seed_manifest.json"),
-                       run_manifest("seed_rl.py", args, paper=paper, model=args.model, ref_model=args.ref_model,
-                                    tokenizer=tokenizer, split="train", games=stream, seeds={"seed": args.seed},
-                                    extra={"world_size": world}))
+                       resumed_manifest(old_manifest, manifest, update=start, world_size=world))
     metrics_f = open_jsonl_for_append(os.path.join(args.out, "metrics.jsonl")) if rank == 0 else None
     examples_f = open_jsonl_for_append(os.path.join(args.out, "examples.jsonl")) if rank == 0 else None
     warmup = math.ceil(args.warmup_ratio * args.updates)
@@ -582,7 +589,28 @@ def dump_examples(f, update, samples, episodes, skills, tokenizer, n):
 
 
 # ====================================================================================================
-# Checkpoints
+# Resume and checkpoints
+
+def check_resumed_stream(old_manifest, stream, env, args):
+    """A resumed run may change --updates (envs/records.py RESUME_MAY_CHANGE), so its task stream may be longer
+    or shorter; the updates both runs play must still get the same tasks, and the lr warm-up (a fraction of
+    --updates) must keep its length."""
+    old_args = old_manifest["args"]
+    if old_args.get("updates", args.updates) == args.updates:
+        ok = old_manifest["games"]["sha256"] == games_sha256(stream)
+    else:
+        old_stream = env.rl_tasks(args.seed, args.tasks_per_update * old_args["updates"], args)
+        n = min(len(old_stream), len(stream))
+        ok = old_manifest["games"]["sha256"] == games_sha256(old_stream) and old_stream[:n] == stream[:n]
+        warm = [math.ceil(args.warmup_ratio * u) for u in (old_args["updates"], args.updates)]
+        if warm[0] != warm[1]:
+            sys.exit(f"{args.out}: --updates {old_args['updates']} then, {args.updates} now, moves the lr warm-up "
+                     f"(--warmup-ratio {args.warmup_ratio} of --updates: {warm[0]} then, {warm[1]} now); rerun with "
+                     f"--updates {old_args['updates']}, or use another --out")
+    if not ok:
+        sys.exit(f"{args.out}: the task stream differs from the one this run started with (other data?); use "
+                 f"another --out")
+
 
 def load_checkpoint(policy, optimizer, args, rank):
     """Weights + optimizer of the last complete trainer checkpoint, and the metrics file cut to it. Returns the

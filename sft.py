@@ -43,8 +43,8 @@ from tqdm import tqdm
 
 from envs import HelpFormatter, add_env_arg, env_from_argv, load_env
 from envs.models import load_model, load_tokenizer
-from envs.records import (append_jsonl, args_diff, open_jsonl_for_append, read_jsonl, run_manifest, sha256_file,
-                          write_manifest)
+from envs.records import (append_jsonl, args_diff, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
+                          run_manifest, sha256_file, write_manifest)
 from envs.training import adamw_impl, init_distributed, make_batch, print0, response_select, save_hf_checkpoint, shard_model
 from prompts.chat import sft_example
 
@@ -108,11 +108,14 @@ print0(f"sft: world size {world}, device {device.type}\nconfig: {json.dumps(vars
        f"diff vs paper: {json.dumps(args_diff(args, PAPER)) if args_diff(args, PAPER) else 'none'}")
 
 # ---------------------------------------------------------------------------------------------------
-# Resume: a complete trainer checkpoint in <out>/trainer (or trainer.old, if a kill hit the swap of the two)
+# Resume: refuse other settings (envs/records.py: the flags that may change), then the last complete trainer
+# checkpoint in <out>/trainer (or trainer.old, if a kill hit the swap of the two)
+if not os.path.isfile(args.data):
+    sys.exit(f"--data {args.data}: no such file")
+data_sha256 = sha256_file(args.data)
+manifest_path = os.path.join(args.out, "seed_manifest.json")
+old_manifest = check_resume(manifest_path, args, script="sft.py", out=args.out, identity={"data.sha256": data_sha256})
 CKPT = os.path.join(args.out, "trainer")
-# Flags that change what the run computes; a resumed run must have the same ones, and the same data file
-# contents (sha256). World size, micro-batch and packing may change: the global batches do not depend on them.
-RESUME_KEY = ("model", "epochs", "lr", "max_length", "batch_size", "warmup_ratio", "weight_decay", "grad_clip", "seed")
 resume = None
 for path in (CKPT, CKPT + ".old"):
     if os.path.isfile(os.path.join(path, "trainer_state.json")):
@@ -121,15 +124,10 @@ for path in (CKPT, CKPT + ".old"):
         break
 if args.resume and resume is None:
     sys.exit(f"--resume: no trainer checkpoint in {args.out}")
-if resume is not None:
-    old = resume["args"]
-    diff = {k: (old.get(k), getattr(args, k)) for k in RESUME_KEY if old.get(k) != getattr(args, k)}
-    if diff:
-        sys.exit(f"{args.out} holds a checkpoint of a run with other settings {diff}; use another --out")
-    if resume["finished"]:
-        print0(f"{args.out}: this run already finished ({resume['step']} steps); nothing to do")
-        dist.destroy_process_group()
-        sys.exit(0)
+if resume is not None and resume["finished"]:
+    print0(f"{args.out}: this run already finished ({resume['step']} steps); nothing to do")
+    dist.destroy_process_group()
+    sys.exit(0)
 
 # ---------------------------------------------------------------------------------------------------
 # Data: validate the records, tokenize exactly like the chat template, skip (and count) over-long examples
@@ -140,7 +138,6 @@ bad = [(n, r.get("id") if isinstance(r, dict) else None) for n, r in enumerate(r
 if bad:
     sys.exit(f"{args.data}: {len(bad)} records lack a string id/prompt/target or a split in (train, val); "
              f"first (record number, id): {bad[:5]}")
-data_sha256 = sha256_file(args.data)
 tokenizer = load_tokenizer(args.model)
 
 
@@ -243,8 +240,6 @@ def save_trainer(state):
 
 step, start_epoch, start_batch, saved_at = 0, 0, 0, None
 if resume is not None:
-    if resume["data_sha256"] != data_sha256:
-        sys.exit(f"{args.data} changed since the checkpoint in {args.out} was written; use another --out")
     model_sd, optim_sd = get_state_dict(model, optimizer)  # the sharded layout to load into
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=resume["path"])
@@ -267,7 +262,6 @@ if rank == 0:
     metrics = open_jsonl_for_append(metrics_path)
     val_history = {str(r["epoch"]): r["val_loss"] for r in keep if r["kind"] == "val"}
 
-manifest_path = os.path.join(args.out, "seed_manifest.json")
 manifest = run_manifest("sft.py", args, paper=PAPER, model=args.model, tokenizer=tokenizer, seeds={"seed": args.seed},
                         extra={"data": {"path": os.path.abspath(args.data), "sha256": data_sha256,
                                         "records": len(records), "train": len(train), "val": len(val),
@@ -276,8 +270,8 @@ manifest = run_manifest("sft.py", args, paper=PAPER, model=args.model, tokenizer
                                "world_size": world, "attn_implementation": attn, "packed": packed,
                                "optimizer": {"name": "AdamW", "betas": [0.9, 0.95], "weight_decay": args.weight_decay,
                                              "schedule": f"linear warmup {args.warmup_ratio:.0%} then cosine to 0"},
-                               "steps": total_steps, "resumed_at_step": step if resume is not None else None,
-                               "val_loss": {}})  # epoch -> val loss (0 = before training)
+                               "steps": total_steps, "val_loss": {}})  # epoch -> val loss (0 = before training)
+manifest = resumed_manifest(old_manifest, manifest, step=step if resume is not None else 0, world_size=world)
 if rank == 0:
     manifest["val_loss"].update(val_history)
     write_manifest(manifest_path, manifest)

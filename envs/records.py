@@ -251,3 +251,93 @@ def write_manifest(path, manifest):
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=2, default=str)
     os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Resuming into an existing output: the one check all five scripts make
+
+# Flags that may differ when a run is resumed into the same output. They change how fast, where or how far a
+# run computes, never what a record already written means. Any other flag that differs is refused, by name.
+RESUME_MAY_CHANGE = {
+    "all": {"out": "the output's own path (a moved output resumes)"},
+    "collect.py": {"workers": "env worker processes",
+                   "batch_episodes": "episodes per generate call (samples are seeded per episode and step)",
+                   "gpu_memory_utilization": "vLLM's share of the GPU"},
+    "evaluate.py": {"workers": "env worker processes",
+                    "batch_episodes": "episodes per generate call (samples are seeded per episode and step)",
+                    "gpu_memory_utilization": "vLLM's share of the GPU", "tp": "GPUs per vLLM engine",
+                    "paper_backbone": "which paper rows the table shows beside the run"},
+    "annotate.py": {"trajectories": "more collect.py files (each trajectory is still annotated once)",
+                    "base_url": "the same analyzer served elsewhere", "api_key_env": "where the key is read",
+                    "concurrency": "requests in flight", "timeout": "transport", "http_retries": "transport",
+                    "backoff": "transport", "max_wait": "transport", "retry_failed": "which records are re-asked",
+                    "batch_size": "local analyzer: trajectories per generate call",
+                    "gpu_memory_utilization": "vLLM's share of the GPU",
+                    "val_fraction": "the SFT file is rebuilt whole from the annotations at every run",
+                    "sft": "the SFT file's path (rebuilt whole at every run)",
+                    "env": "a check that every trajectory is of this env, not an input"},
+    "sft.py": {"data": "the file's path (its contents must keep the same sha256)",
+               "micro_batch": "sequences per forward (the global batches do not depend on it)",
+               "packing": "padded or packed micro-batches (the same loss)",
+               "activation_checkpointing": "memory, not results", "save_every": "how often it checkpoints",
+               "max_steps": "a planned stop", "resume": "whether a checkpoint is required"},
+    "seed_rl.py": {"updates": "how far the run goes (the task stream's first updates stay the same; refused "
+                              "where it would move the lr warm-up)",
+                   "save_every": "how often it checkpoints", "dump_examples": "examples dumped per update",
+                   "workers": "env worker processes", "gpu_memory_utilization": "vLLM's share of the GPU",
+                   "micro_batch": "forwards per mini-batch (the loss is a global token-mean: the same up to "
+                                  "float rounding)",
+                   "activation_checkpointing": "memory, not results"},
+}
+
+
+def _json_value(v):
+    """A value as the manifest stores it (tuples become lists, objects strings), so old and new compare."""
+    return json.loads(json.dumps(v, default=str))
+
+
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def check_resume(manifest_path, args, *, script, out, identity=None):
+    """Refuse to resume into an output written with other settings. Returns the output's manifest (None for
+    a fresh output, which has none).
+
+    Every flag the old manifest recorded must have the same value now, except RESUME_MAY_CHANGE[script]
+    (flags a manifest lacks, from code older than the flag, are not compared). identity: {dotted manifest
+    key: value} that must also match, e.g. {"games.sha256": ...} (the task list) or {"data.sha256": ...} (the
+    input file's contents). Any difference exits with one line that names each flag with both values."""
+    if not os.path.exists(manifest_path):
+        return None
+    with open(manifest_path) as f:
+        old = json.load(f)
+    may = {**RESUME_MAY_CHANGE["all"], **RESUME_MAY_CHANGE.get(script, {})}
+    new, then = _json_value(vars(args)), old.get("args") or {}
+    diff = [f"{_flag(k)} {then[k]!r} then, {new[k]!r} now" for k in then
+            if k in new and k not in may and then[k] != new[k]]
+    for key, value in (identity or {}).items():
+        was = old
+        for part in key.split("."):
+            was = was.get(part) if isinstance(was, dict) else None
+        if was is not None and was != value:
+            diff.append(f"{key} {str(was)[:16]}... then, {str(value)[:16]}... now")
+    if diff:
+        sys.exit(f"{out} was written with other settings: {'; '.join(diff)}. Rerun with the same flags "
+                 f"(these may change: {', '.join(_flag(k) for k in may if k in new) or 'none'}), "
+                 f"or use another --out")
+    return old
+
+
+def resumed_manifest(old, new, **fields):
+    """The manifest to write: `new` for a fresh output; for a resumed one, the old manifest (the run's first
+    settings stay on record) with one more `resumes` entry: when, the command, the code and machine of this
+    run, the flags that changed, and `fields` (where it resumed)."""
+    if old is None:
+        return new
+    then, now = old.get("args") or {}, _json_value(new["args"])
+    entry = {"time": new["time"], "argv": new["argv"], "git": new["git"], "hardware": new["hardware"],
+             "packages": new["packages"],
+             "changed": {k: {"then": then.get(k), "now": v} for k, v in now.items() if k in then and then[k] != v},
+             **fields}
+    return dict(old, resumes=old.get("resumes", []) + [entry])

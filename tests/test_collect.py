@@ -88,6 +88,8 @@ def test_killed_run_resumes_with_each_episode_exactly_once(resumed):
     assert f"({N} episodes in {out})" in res.stdout  # the summary covers the whole file
     manifest = json.load(open(out + ".manifest.json"))
     assert manifest["script"] == "collect.py" and manifest["games"]["count"] == 6 and manifest["args"]["shard"] == "0/2"
+    (entry,) = manifest["resumes"]  # the restart kept the first run's manifest and added itself
+    assert entry["episodes_done"] == kept and entry["changed"] == {}
 
 
 def test_restart_with_other_settings_is_refused(resumed):
@@ -98,6 +100,7 @@ def test_restart_with_other_settings_is_refused(resumed):
     args = ARGS + ["--temperature", "1.0", "--max-new-tokens", "64"]
     res = run_script(["collect.py", *args, "--out", out], timeout=300, check=False)
     assert res.returncode != 0
-    assert "other settings" in res.stderr and "temperature" in res.stderr and "max_new_tokens" in res.stderr
+    assert "other settings" in res.stderr and "--temperature 0.4 then, 1.0 now" in res.stderr
+    assert "--max-new-tokens" in res.stderr and "Traceback" not in res.stderr
     assert "seed" not in res.stderr.split("other settings")[1]  # only what changed is named
     assert (open(out, "rb").read(), open(out + ".manifest.json", "rb").read()) == before  # nothing touched

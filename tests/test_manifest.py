@@ -1,5 +1,6 @@
 """envs/records.py run manifest: every field the reading guide asks for, each checked against an independent
-reading (git itself, importlib.metadata, the tokenizer's files, a hub-cache snapshot folder built here)."""
+reading (git itself, importlib.metadata, the tokenizer's files, a hub-cache snapshot folder built here); and the
+one resume check of all five scripts (other settings refused by name, the flags that may change, resume entries)."""
 import argparse
 import hashlib
 import json
@@ -9,11 +10,13 @@ import shutil
 import subprocess
 from importlib import metadata
 
+import pytest
+
 from conftest import REPO
 from envs.alfworld import select_games
 from envs.models import shared_dir
-from envs.records import (PACKAGES, args_diff, games_sha256, games_summary, model_info, run_manifest,
-                          tokenizer_info, write_manifest)
+from envs.records import (PACKAGES, args_diff, check_resume, games_sha256, games_summary, model_info,
+                          resumed_manifest, run_manifest, tokenizer_info, write_manifest)
 
 PAPER = dict(splits="valid_seen,valid_unseen", temperature=0.4, max_steps=30, history=5, max_new_tokens=512)
 
@@ -134,3 +137,59 @@ def test_tokenizer_info_without_template_is_explicit(tokenizer):
         assert tokenizer_info(tokenizer)["chat_template_sha256"] is None  # no template: None, not sha256("")
     finally:
         tokenizer.chat_template = saved
+
+
+# ---------------------------------------------------------------------------------------------------
+# Resuming into an existing output: the one check of all five scripts (envs/records.py)
+
+def _first_run(tmp_path, script="seed_rl.py", **flags):
+    args = argparse.Namespace(**dict(dict(lr=1e-6, opd_coef=0.01, updates=150, save_every=10, seed=0, out="x"),
+                                     **flags))
+    m = run_manifest(script, args, games=select_games("valid_seen", 0, n=4), seeds={"seed": 0})
+    path = str(tmp_path / "manifest.json")
+    write_manifest(path, m)
+    return path, m
+
+
+def test_resume_with_other_settings_is_refused_naming_each_flag(tmp_path, capsys):
+    path, first = _first_run(tmp_path)
+    changed = argparse.Namespace(**dict(first["args"], lr=2e-6, opd_coef=0.0))
+    with pytest.raises(SystemExit) as e:
+        check_resume(path, changed, script="seed_rl.py", out="runs/x")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("runs/x was written with other settings")
+    assert "--lr 1e-06 then, 2e-06 now" in msg and "--opd-coef 0.01 then, 0.0 now" in msg
+    assert "--seed" not in msg.split("(these may change")[0]  # only what differs is named
+    assert "--updates" in msg.split("(these may change")[1]  # and what may differ is listed
+    # the same flags for another script: seed_rl's may-change list does not apply to collect.py
+    (tmp_path / "c").mkdir()
+    path2, first2 = _first_run(tmp_path / "c", script="collect.py", updates=2)
+    with pytest.raises(SystemExit, match="--updates 2 then, 3 now"):
+        check_resume(path2, argparse.Namespace(**dict(first2["args"], updates=3)), script="collect.py", out="o")
+
+
+def test_resume_with_flags_that_may_change_appends_a_resume_entry(tmp_path):
+    path, first = _first_run(tmp_path)
+    assert check_resume(str(tmp_path / "none.json"), argparse.Namespace(lr=1), script="seed_rl.py", out="o") is None
+    now = argparse.Namespace(**dict(first["args"], updates=300, save_every=5, new_flag="a flag added since"))
+    old = check_resume(path, now, script="seed_rl.py", out="runs/x")
+    assert old["args"] == first["args"]
+    second = run_manifest("seed_rl.py", now, games=select_games("valid_seen", 0, n=4))
+    m = resumed_manifest(old, second, update=7)
+    assert m["args"] == first["args"] and m["time"] == first["time"]  # the first run's record is kept
+    (entry,) = m["resumes"]
+    assert entry["changed"] == {"updates": {"then": 150, "now": 300}, "save_every": {"then": 10, "now": 5}}
+    assert entry["update"] == 7 and entry["argv"] == second["argv"] and entry["git"] == second["git"]
+    write_manifest(path, m)
+    m2 = resumed_manifest(check_resume(path, now, script="seed_rl.py", out="o"), second, update=9)
+    assert [e["update"] for e in m2["resumes"]] == [7, 9]  # one entry per resume, none overwritten
+    assert resumed_manifest(None, second) is second  # a fresh output: this run's manifest
+
+
+def test_resume_with_another_task_list_or_data_file_is_refused(tmp_path):
+    path, first = _first_run(tmp_path)
+    same = argparse.Namespace(**first["args"])
+    check_resume(path, same, script="seed_rl.py", out="o", identity={"games.sha256": first["games"]["sha256"]})
+    other = games_sha256(select_games("valid_seen", 1, n=4))
+    with pytest.raises(SystemExit, match="games.sha256"):
+        check_resume(path, same, script="seed_rl.py", out="o", identity={"games.sha256": other})

@@ -2,6 +2,7 @@
 and a kill after update 1 followed by a resume."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,6 +93,9 @@ def test_kill_after_update_1_then_resume_matches_uninterrupted(one_process, tmp_
     assert "resumed from" in res.stdout
     m, ref = metrics(out), metrics(one_process)
     assert [r["update"] for r in m] == [1, 2]  # exactly one line per update
+    with open(out / "seed_manifest.json") as f:
+        manifest = json.load(f)
+    assert [e["update"] for e in manifest["resumes"]] == [1] and manifest["resumes"][0]["changed"] == {}
     assert close(m[1], ref[1], rel=1e-6, abs_=1e-9), {k: (m[1][k], ref[1][k]) for k in LOSS_KEYS}
 
 
@@ -111,3 +115,17 @@ def test_report_from_a_real_two_update_run(one_process, tmp_path):
     (gap,) = report["gaps"]
     assert gap["tokens"] > 0 and (out / gap["file"]).exists()
     assert "gap_" in (out / "report.md").read_text()
+
+
+def test_resume_with_other_settings_is_refused_before_any_model_loads(one_process, tmp_path):
+    """Another --lr and --opd-coef into a run's folder: one line naming both, nothing written."""
+    out = tmp_path / "seed"
+    out.mkdir()
+    shutil.copy(os.path.join(one_process, "seed_manifest.json"), out / "seed_manifest.json")
+    before = (out / "seed_manifest.json").read_bytes()
+    res = run_script(["seed_rl.py", *FLAGS, "--lr", "2e-6", "--opd-coef", "0", "--out", str(out)], check=False)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert "was written with other settings" in line and "--lr 1e-06 then, 2e-06 now" in line
+    assert "--opd-coef 0.01 then, 0.0 now" in line and "--updates" in line.split("these may change")[1]
+    assert sorted(os.listdir(out)) == ["seed_manifest.json"] and (out / "seed_manifest.json").read_bytes() == before

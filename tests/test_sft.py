@@ -4,6 +4,7 @@ real torchrun with 2 processes (gloo)."""
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -197,3 +198,17 @@ def test_bad_records_get_a_clear_error(tmp_path):
     assert res.returncode != 0
     assert "2 records lack a string id/prompt/target or a split in (train, val)" in res.stderr
     assert "(2, 'b')" in res.stderr and "(3, 'a')" in res.stderr
+
+
+def test_resume_with_other_settings_is_refused(ref_run, sft_file, tmp_path):
+    """Another --lr (a flag that changes what is trained) into a run's folder: one line naming it; a changed
+    --micro-batch alone (listed in envs/records.py as free to change) would pass the same check."""
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copy(os.path.join(ref_run["out"], "seed_manifest.json"), out / "seed_manifest.json")
+    res = run_script(["sft.py", *[a if a != "3e-2" else "1e-2" for a in ARGS], "--micro-batch", "2",
+                      "--data", str(sft_file), "--out", str(out)], check=False)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert "--lr 0.03 then, 0.01 now" in line and "--micro-batch" not in line.split("these may change")[0]
+    assert sorted(os.listdir(out)) == ["seed_manifest.json"]
