@@ -51,8 +51,8 @@ from envs.pool import EnvPool
 from envs.records import (append_jsonl, args_diff, check_resume, games_sha256, open_jsonl_for_append, read_jsonl,
                           resumed_manifest, run_manifest, write_manifest)
 from envs.rollout import add_rollout_args, play_episodes, step_prompt
-from envs.training import (adamw_impl, full_params, gather_response, init_distributed, make_batch, print0, response_select,
-                           save_hf_checkpoint, shard_model)
+from envs.training import (adamw_impl, full_params, gather_response, init_distributed, latest_checkpoint, make_batch,
+                           print0, response_select, save_checkpoint_dir, save_hf_checkpoint, shard_model)
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis
 
 # ====================================================================================================
@@ -613,51 +613,53 @@ def check_resumed_stream(old_manifest, stream, env, args):
 
 
 def load_checkpoint(policy, optimizer, args, rank):
-    """Weights + optimizer of the last complete trainer checkpoint, and the metrics file cut to it. Returns the
-    number of updates done (0 without a checkpoint)."""
+    """Weights + optimizer of the last complete trainer checkpoint (`checkpoint`, or `checkpoint.old` after a
+    kill between the two renames of a save), and metrics.jsonl and examples.jsonl cut to its update, so that
+    the updates after it, played again, are written once. Returns the number of updates done (0 without a
+    checkpoint)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    ckpt_dir, metrics_path = os.path.join(args.out, "checkpoint"), os.path.join(args.out, "metrics.jsonl")
-    if not os.path.isfile(os.path.join(ckpt_dir, "state.json")):
-        return 0
-    with open(os.path.join(ckpt_dir, "state.json")) as f:
-        state = json.load(f)
-    msd, osd = get_state_dict(policy, optimizer)
-    sd = {"model": msd, "optim": osd}
-    dcp.load(sd, checkpoint_id=ckpt_dir)
-    set_state_dict(policy, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-    start = state["update"]
-    if rank == 0:  # metrics past the checkpoint will be recomputed: keep exactly one line per update
-        rows = [r for r in read_jsonl(metrics_path) if r["update"] <= start]
-        if not any(r["update"] == start for r in rows) and state.get("metrics"):
-            rows.append(state["metrics"])
-        with open(metrics_path + ".tmp", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        os.replace(metrics_path + ".tmp", metrics_path)
-    print0(f"resumed from {ckpt_dir} after update {start}")
+    folder, state = latest_checkpoint(os.path.join(args.out, "checkpoint"), "state.json")
+    start = state["update"] if state else 0
+    if folder:
+        msd, osd = get_state_dict(policy, optimizer)
+        sd = {"model": msd, "optim": osd}
+        dcp.load(sd, checkpoint_id=folder)
+        set_state_dict(policy, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    if rank == 0:  # one line per update: what is past the checkpoint is recomputed
+        for name in ("metrics.jsonl", "examples.jsonl"):
+            path = os.path.join(args.out, name)
+            rows = [r for r in read_jsonl(path) if r["update"] <= start]
+            if name == "metrics.jsonl" and state and state.get("metrics") and \
+                    not any(r["update"] == start for r in rows):  # killed between the save and the metrics line
+                rows.append(state["metrics"])
+            with open(path + ".tmp", "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            os.replace(path + ".tmp", path)
+    if folder:
+        print0(f"resumed from {folder} after update {start}")
     return start
 
 
 def save_checkpoint(policy, optimizer, tokenizer, args, update, metrics, rank):
-    """Trainer state (sharded, torch.distributed.checkpoint; written to a temp dir and renamed, so a kill
-    never leaves a half checkpoint) and a Hugging Face folder of the policy."""
+    """A Hugging Face folder of the policy, then the trainer state (sharded weights and optimizer, the update
+    index). Each is written under a temporary name and renamed into place, so neither is ever half written;
+    the trainer state last, so a kill before it is complete resumes from the previous update, which plays
+    this one again and rewrites its HF folder. The trainer state keeps a complete checkpoint at every instant
+    (envs/training.py save_checkpoint_dir)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    ckpt, tmp = os.path.join(args.out, "checkpoint"), os.path.join(args.out, "checkpoint.tmp")
-    if rank == 0 and os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    dist.barrier()
-    msd, osd = get_state_dict(policy, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp)
+    hf = os.path.join(args.out, "hf", "final" if update == args.updates else f"update_{update:04d}")
     if rank == 0:
-        with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump({"update": update, "metrics": metrics}, f)
-        if os.path.exists(ckpt):
-            shutil.rmtree(ckpt)
-        os.replace(tmp, ckpt)
-    dist.barrier()
-    name = "final" if update == args.updates else f"update_{update:04d}"
-    save_hf_checkpoint(policy, tokenizer, os.path.join(args.out, "hf", name), rank)
+        shutil.rmtree(hf + ".tmp", ignore_errors=True)
+    save_hf_checkpoint(policy, tokenizer, hf + ".tmp", rank)
+    if rank == 0:
+        shutil.rmtree(hf, ignore_errors=True)
+        os.rename(hf + ".tmp", hf)
+    msd, osd = get_state_dict(policy, optimizer)
+    save_checkpoint_dir(os.path.join(args.out, "checkpoint"),
+                        lambda tmp: dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp),
+                        "state.json", {"update": update, "metrics": metrics}, rank)
 
 
 if __name__ == "__main__":

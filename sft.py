@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 import time
 
@@ -45,7 +44,8 @@ from envs import HelpFormatter, add_env_arg, env_from_argv, load_env
 from envs.models import load_model, load_tokenizer
 from envs.records import (append_jsonl, args_diff, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
                           run_manifest, sha256_file, write_manifest)
-from envs.training import adamw_impl, init_distributed, make_batch, print0, response_select, save_hf_checkpoint, shard_model
+from envs.training import (adamw_impl, init_distributed, latest_checkpoint, make_batch, print0, response_select,
+                           save_checkpoint_dir, save_hf_checkpoint, shard_model)
 from prompts.chat import sft_example
 
 def data_env(argv):
@@ -116,12 +116,8 @@ data_sha256 = sha256_file(args.data)
 manifest_path = os.path.join(args.out, "seed_manifest.json")
 old_manifest = check_resume(manifest_path, args, script="sft.py", out=args.out, identity={"data.sha256": data_sha256})
 CKPT = os.path.join(args.out, "trainer")
-resume = None
-for path in (CKPT, CKPT + ".old"):
-    if os.path.isfile(os.path.join(path, "trainer_state.json")):
-        with open(os.path.join(path, "trainer_state.json")) as f:
-            resume = dict(json.load(f), path=path)
-        break
+folder, resume = latest_checkpoint(CKPT, "trainer_state.json")
+resume = dict(resume, path=folder) if resume else None
 if args.resume and resume is None:
     sys.exit(f"--resume: no trainer checkpoint in {args.out}")
 if resume is not None and resume["finished"]:
@@ -217,25 +213,14 @@ print0(f"model: {args.model}, {sum(p.numel() for p in model.parameters()) / 1e6:
 
 
 def save_trainer(state):
-    """Model + optimizer shards (every rank writes its own) and the position in the data, into a temporary
-    folder swapped in only when complete: a kill at any moment leaves one complete checkpoint."""
+    """Model + optimizer shards (every rank writes its own) and the position in the data. A complete
+    checkpoint exists at every instant (envs/training.py save_checkpoint_dir: a temporary folder, completed by
+    its trainer_state.json, swapped in by two renames)."""
     global saved_at
     saved_at = state["step"]
-    tmp = CKPT + ".tmp"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-    dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
-    if rank == 0:
-        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
-            json.dump(dict(state, args=vars(args), data_sha256=data_sha256, world=world), f)
-        shutil.rmtree(CKPT + ".old", ignore_errors=True)
-        if os.path.isdir(CKPT):
-            os.rename(CKPT, CKPT + ".old")
-        os.rename(tmp, CKPT)
-        shutil.rmtree(CKPT + ".old", ignore_errors=True)
-    dist.barrier()
+    save_checkpoint_dir(CKPT, lambda tmp: dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp),
+                        "trainer_state.json", dict(state, args=vars(args), data_sha256=data_sha256, world=world), rank)
 
 
 step, start_epoch, start_batch, saved_at = 0, 0, 0, None

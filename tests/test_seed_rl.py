@@ -1,16 +1,13 @@
 """seed_rl.py end to end on CPU, real ALFWorld games, a tiny model: 2 updates in 1 and 2 processes (gloo),
-and a kill after update 1 followed by a resume."""
+a kill in the middle of a checkpoint save followed by a resume, and a resume with other settings refused."""
 import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from conftest import REPO, run_script
+from conftest import run_script
 
 FLAGS = ["--env", "alfworld", "--model", "tiny", "--updates", "2", "--tasks-per-update", "2", "--group-size", "2",
          "--max-steps", "2", "--max-new-tokens", "8", "--analyzer-model", "scripted", "--save-every", "1",
@@ -74,29 +71,26 @@ def test_two_processes_match_one_process(one_process, tmp_path):
     assert close(m1[1], m2[1], rel=1e-3, abs_=1e-6)
 
 
-def test_kill_after_update_1_then_resume_matches_uninterrupted(one_process, tmp_path):
+def test_kill_mid_save_then_resume_matches_uninterrupted(one_process, tmp_path):
+    """SIGKILL inside update 2's checkpoint save, at the step that used to leave no checkpoint at all: the old
+    one renamed away, the new one not yet in place ($SEED_KILL_AT, envs/training.py kill_point). The same
+    command resumes from `checkpoint.old` (update 1) and its update 2 equals the uninterrupted run's."""
     out = tmp_path / "seedk"
-    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "seed_rl.py", *FLAGS, "--out", str(out)], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    path = out / "metrics.jsonl"
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        if path.exists() and path.read_text().count("\n") >= 1:
-            os.killpg(proc.pid, signal.SIGKILL)  # the run and its env workers
-            break
-        time.sleep(0.1)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed after update 1"
+    killed = run_script(["seed_rl.py", *FLAGS, "--out", str(out)], timeout=900, check=False,
+                        env={"SEED_KILL_AT": "retired"}, start_new_session=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint.old",
+                                                                                          "checkpoint.tmp"]
     assert [r["update"] for r in metrics(out)] == [1]
     res = run_script(["seed_rl.py", *FLAGS, "--out", str(out)], timeout=900)
-    assert "resumed from" in res.stdout
+    assert f"resumed from {out / 'checkpoint.old'} after update 1" in res.stdout
     m, ref = metrics(out), metrics(one_process)
     assert [r["update"] for r in m] == [1, 2]  # exactly one line per update
+    assert close(m[1], ref[1], rel=1e-6, abs_=1e-9), {k: (m[1][k], ref[1][k]) for k in LOSS_KEYS}
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint"]
     with open(out / "seed_manifest.json") as f:
         manifest = json.load(f)
     assert [e["update"] for e in manifest["resumes"]] == [1] and manifest["resumes"][0]["changed"] == {}
-    assert close(m[1], ref[1], rel=1e-6, abs_=1e-9), {k: (m[1][k], ref[1][k]) for k in LOSS_KEYS}
 
 
 def test_report_from_a_real_two_update_run(one_process, tmp_path):
