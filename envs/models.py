@@ -1,6 +1,9 @@
-"""Models and tokenizers: loading (a local folder, a hub id, or the tiny random Qwen2 of the CPU demos and tests),
-the offline shared assets, and the parameter names both the engine and the checkpoints use."""
+"""Models and tokenizers: loading (a local folder, a hub id, or the tiny random Qwen2 of the CPU demos and tests;
+what cannot load is one line naming it), the offline shared assets, and the parameter names both the engine and
+the checkpoints use."""
 import os
+import re
+import sys
 
 import torch
 
@@ -19,11 +22,60 @@ def default_tokenizer_path():
             return path
     return HUB_TOKENIZER
 
+BUILT_IN = ("tiny", "expert", "scripted")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name
+
+
+def hub_offline():
+    return any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in ("HF_HUB_OFFLINE",
+                                                                                     "TRANSFORMERS_OFFLINE"))
+
+
+def check_model(model, needs="config.json"):
+    """Where to load `model` from: a local folder, or a hub id. What cannot load is one line naming it, before
+    transformers gets it (a missing local folder cost 54 s of hub retries and a 78-line traceback, a malformed
+    id a 20-frame one). A name that looks local (starts with . / ~, has a path separator but is no org/name
+    hub id, or is org/name where org/ is a folder here) is never sent to the hub, nor anything while
+    HF_HUB_OFFLINE is set. needs: the file the caller reads first (config.json, tokenizer_config.json)."""
+    if model in BUILT_IN:
+        return model
+    path = os.path.expanduser(model)
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, needs)):
+            sys.exit(f"model {model}: the folder {os.path.abspath(path)} has no {needs} (not a Hugging Face model "
+                     f"folder; a checkpoint of this project: sft.py's --out, or seed_rl.py's <out>/hf/<update>)")
+        return path
+    hub_like = bool(HUB_ID.match(model))
+    if model.startswith((".", "/", "~")) or (os.sep in model and not hub_like) or \
+            (hub_like and os.path.isdir(model.split("/")[0])):
+        sys.exit(f"model {model}: no such folder ({os.path.abspath(path)})")
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        sys.exit(f"model {model!r}: not a folder here, and not a hub id (org/name)")
+    if hub_offline() and not isinstance(try_to_load_from_cache(model, needs), str):
+        sys.exit(f"model {model}: not a folder here, and not in the local hub cache (HF_HUB_OFFLINE is set, so "
+                 f"nothing is downloaded)")
+    return model
+
+
+def from_pretrained(cls, model, **kw):
+    """cls.from_pretrained, with the hub's "not found" and "cannot connect" errors as one line."""
+    try:
+        return cls.from_pretrained(model, **kw)
+    except OSError as e:
+        sys.exit(f"model {model}: {str(e).strip().splitlines()[0]}"
+                 + ("" if hub_offline() else " (HF_HUB_OFFLINE=1 uses the local hub cache only)"))
+
+
 def load_tokenizer(model):
     """`tiny` and `expert` use the real Qwen2.5 tokenizer; a model path/hub id uses its own."""
     from transformers import AutoTokenizer
-    path = default_tokenizer_path() if model in ("tiny", "expert") else model
-    tok = AutoTokenizer.from_pretrained(path)
+    path = default_tokenizer_path() if model in ("tiny", "expert") else check_model(model, "tokenizer_config.json")
+    tok = from_pretrained(AutoTokenizer, path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -63,8 +115,8 @@ def load_model(model, *, dtype=torch.float32, device="cpu", seed=0):
             torch.manual_seed(seed)
             m = AutoModelForCausalLM.from_config(tiny_config(), attn_implementation="sdpa", dtype=dtype)
         return m.to(device)
-    return AutoModelForCausalLM.from_pretrained(model, dtype=dtype,
-                                                attn_implementation=attn_implementation(device)).to(device)
+    return from_pretrained(AutoModelForCausalLM, check_model(model), dtype=dtype,
+                           attn_implementation=attn_implementation(device)).to(device)
 
 def clean_param_name(name):
     """Parameter names as the HF checkpoint has them: drop wrapper prefixes (activation checkpointing,

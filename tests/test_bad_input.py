@@ -2,8 +2,11 @@
 exit, within seconds, and nothing written. Each test backs a row of the README's "Bad input and interrupts"
 table. Real subprocesses of the scripts; none loads a model or plays a game."""
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 from conftest import REPO, run_script
 from envs.models import shared_dir
@@ -42,3 +45,55 @@ def test_missing_alfworld_games_name_the_one_command(tmp_path):
     line = one_line_error(res)
     assert "ALFWorld games not found in" in line and "`alfworld-download`" in line
     assert not os.path.exists(tmp_path / "t.jsonl")
+
+
+# ---------------------------------------------------------------------------------------------------
+# --model that cannot load (envs/models.py check_model): one line naming it, no hub call for a local path
+
+class HubSpy:
+    """A TCP listener standing in for the hub (HF_ENDPOINT): it counts the connections the scripts open."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+        self.env = {"HF_ENDPOINT": f"http://127.0.0.1:{self.sock.getsockname()[1]}"}
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+
+def test_missing_local_model_folder_is_one_line_without_a_hub_call(tmp_path):
+    hub, missing = HubSpy(), str(tmp_path / "runs" / "sft")
+    t0 = time.monotonic()
+    res = run_script(["seed_rl.py", "--model", missing, "--out", str(tmp_path / "seed")], check=False, env=hub.env)
+    line = one_line_error(res)
+    assert line == f"model {missing}: no such folder ({missing})"
+    assert hub.connections == 0 and time.monotonic() - t0 < 60  # it was 54 s of hub retries
+    assert not os.path.exists(tmp_path / "seed" / "seed_manifest.json")
+
+
+def test_malformed_model_id_and_a_folder_that_is_no_model_are_one_line(tmp_path):
+    hub = HubSpy()
+    res = run_script(["collect.py", "--model", "Qwen2.5-3B Instruct", "--tasks", "6", "--rollouts", "1",
+                      "--out", str(tmp_path / "t.jsonl")], check=False, env=hub.env)
+    assert one_line_error(res) == "model 'Qwen2.5-3B Instruct': not a folder here, and not a hub id (org/name)"
+    res = run_script(["evaluate.py", "--model", str(tmp_path), "--limit", "1", "--out", str(tmp_path / "e")],
+                     check=False, env=hub.env)
+    assert one_line_error(res).startswith(f"model {tmp_path}: the folder {tmp_path} has no tokenizer_config.json")
+    assert hub.connections == 0
+
+
+def test_hub_id_not_in_the_cache_while_offline_is_one_line_without_a_hub_call(tmp_path):
+    hub = HubSpy()
+    res = run_script(["evaluate.py", "--model", "Qwen/No-Such-Model-0.1B", "--limit", "1", "--out",
+                      str(tmp_path / "e")], check=False, env=dict(hub.env, HF_HUB_OFFLINE="1"))
+    assert one_line_error(res).startswith("model Qwen/No-Such-Model-0.1B: not a folder here, and not in the local "
+                                          "hub cache (HF_HUB_OFFLINE is set")
+    assert hub.connections == 0
