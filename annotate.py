@@ -27,8 +27,12 @@ only parsed answers become SFT examples (10% validation).
     # follow one SFT example from the raw trajectory to its target (the summary prints an id to try)
     python annotate.py --trace sft-491a35f53b13 --sft runs/demo/sft.jsonl
 
-Outputs (append-only: a killed run restarts where it stopped, keyed by trajectory uid, no duplicates; a
-`failed` record is final unless a later run passes --retry-failed, whose new record then supersedes it):
+Outputs (append-only: a killed run restarts where it stopped, keyed by trajectory uid, no duplicates; a record
+that failed for transport reasons (timeouts, HTTP 5xx/429/408, connection errors, a 200 that is no chat
+completion) is asked again by the next run, and its new record supersedes it; any other `failed` record
+(unparsable answers, HTTP 400) is final unless a later run passes --retry-failed). An endpoint that cannot be
+reached at all (nothing listening, unknown host) stops the run at once, with one line and a non-zero exit; so
+does a run that ends with transport failures (rerun the same command to retry them):
   <out>                one line per trajectory: status parsed | failed | skipped, reason, skill, summary,
                        every attempt (answer or error, parse reason, HTTP status, latency), analyzer spec
   <out stem>.sft.jsonl rebuilt from the whole <out> at the end of every run: one line per parsed record,
@@ -37,11 +41,14 @@ Outputs (append-only: a killed run restarts where it stopped, keyed by trajector
   <out>.manifest.json  the run manifest (no API key: the key only ever lives in the environment)
 """
 import argparse
+import errno
 import hashlib
 import http.client
 import json
 import os
 import random
+import re
+import socket
 import statistics
 import sys
 import threading
@@ -74,8 +81,8 @@ p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="name of the envi
 p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="local analyzer: HF generate or vLLM")
 p.add_argument("--temperature", type=float, default=PAPER["temperature"])
 p.add_argument("--max-new-tokens", type=int, default=PAPER["max_new_tokens"])
-p.add_argument("--retry-failed", action="store_true", help="re-ask trajectories whose record is `failed` (e.g. after "
-               "an endpoint outage); the new record is appended and supersedes the old one")
+p.add_argument("--retry-failed", action="store_true", help="re-ask every trajectory whose record is `failed`, also "
+               "unparsable answers (transport failures are re-asked without it); the new record supersedes the old")
 p.add_argument("--parse-retries", type=int, default=PAPER["parse_retries"], help="re-asks after an unparsable answer")
 p.add_argument("--concurrency", type=int, default=8, help="endpoint requests in flight")
 p.add_argument("--timeout", type=float, default=600.0, help="seconds without an answer before a request is retried")
@@ -131,7 +138,7 @@ if args.trace:
     anns = [r for r in read_jsonl(ann_file) if r["id"] == ex["annotation_id"]]
     if not anns:
         sys.exit(f"annotation {ex['annotation_id']} not found in {ann_file}")
-    ann = anns[-1]  # the latest: earlier ones are failed records that --retry-failed superseded
+    ann = anns[-1]  # the latest: earlier ones are failed records that a later run superseded
     ep = find_episode(traj_file, ex["trajectory_uid"])
     rule = "=" * 100
     print(f"{rule}\nSFT example {ex['id']} ({ex['split']})  <-  annotation {ann['id']} in {ann_file}\n"
@@ -209,12 +216,29 @@ for path in args.trajectories:
 
 manifest_path = args.out + ".manifest.json"
 old_manifest = check_resume(manifest_path, args, script="annotate.py", out=args.out)  # one analyzer per file
-latest = {r["trajectory_uid"]: r for r in read_jsonl(args.out)}  # a later record supersedes (--retry-failed)
-done = {uid for uid, r in latest.items() if not (args.retry_failed and r["status"] == "failed")}
-todo = [ep for ep in episodes if ep["uid"] not in done]
+
+
+def transport_failure(reason):
+    """A failure of the way to the analyzer, not of its answer: the next run asks again."""
+    return reason in ("timeout", "connection_error", "bad_response") or bool(re.fullmatch(r"http_(408|429|5\d\d)", reason))
+
+
+latest = {r["trajectory_uid"]: r for r in read_jsonl(args.out)}  # a later record supersedes an earlier failed one
+again = {uid: r["reason"] for uid, r in latest.items() if r["status"] == "failed"
+         and (args.retry_failed or transport_failure(r["reason"]))}
+todo = [ep for ep in episodes if ep["uid"] not in latest or ep["uid"] in again]
 print(f"annotate: {len(episodes)} trajectories in {len(args.trajectories)} file(s); {len(episodes) - len(todo)} "
-      f"already in {args.out}, {len(todo)} to annotate"
-      + (f" ({sum(ep['uid'] in latest for ep in todo)} of them failed before: --retry-failed)" if args.retry_failed else ""))
+      f"already in {args.out}, {len(todo)} to annotate")
+
+
+def counts(counter):
+    """'kind n, ...' by count, then name."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+if again:
+    print(f"annotate: asking again {len(again)} that failed before "
+          + ("(--retry-failed)" if args.retry_failed else "for transport reasons") + f": {counts(Counter(again.values()))}")
 
 spec = {"analyzer": args.analyzer, "model": args.model, "temperature": args.temperature,
         "max_new_tokens": args.max_new_tokens}
@@ -266,10 +290,12 @@ if args.analyzer == "openai" and not api_key:
 
 
 class Fatal(Exception):
-    """The endpoint refuses every request (bad key, wrong URL or model name): stop the whole run."""
+    """The endpoint refuses every request (bad key, wrong URL or model name) or cannot be reached at all: stop
+    the whole run."""
 
 
 stop, refusals = threading.Event(), []  # set on the first refusal: the other threads send nothing more
+reached = threading.Event()  # set by the first HTTP answer of this run: from then on, connection errors are outages
 
 
 def scrub(text):
@@ -299,12 +325,19 @@ def post_chat(prompt):
         att.update(http_status=e.code, error=f"http_{e.code}", retry_after=e.headers.get("Retry-After"),
                    detail=scrub(e.read(300).decode("utf-8", "replace")))
     except (TimeoutError, urllib.error.URLError, http.client.HTTPException, OSError) as e:
-        timeout = isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError)
-        att.update(error="timeout" if timeout else "connection_error", detail=scrub(repr(e))[:300])
+        why = getattr(e, "reason", e)
+        timeout = isinstance(e, TimeoutError) or isinstance(why, TimeoutError)
+        att.update(error="timeout" if timeout else "connection_error", detail=scrub(repr(e))[:300],
+                   why=scrub(str(why))[:200],
+                   # no connection at all: nothing listening, no route, or an unknown host
+                   connect_failed=isinstance(why, (ConnectionRefusedError, socket.gaierror))
+                   or getattr(why, "errno", None) in (errno.EHOSTUNREACH, errno.ENETUNREACH))
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:  # a 200 that is no chat completion
         att.update(error="bad_response", detail=scrub(repr(e))[:300])
     att["latency_s"] = round(time.perf_counter() - t0, 3)
     att["raw"] = scrub(att["raw"])
+    if att["http_status"] is not None:
+        reached.set()
     return att
 
 
@@ -330,6 +363,11 @@ def ask_endpoint(prompt):
         status = att["http_status"]
         if att["error"] is None:
             break
+        if att.get("connect_failed") and not reached.is_set():  # never answered: retrying for minutes helps nobody
+            refusals.append(f"cannot reach {args.base_url} ({att['why']}): is the endpoint up? Start it (or fix "
+                            f"--base-url) and rerun the same command")
+            stop.set()
+            raise Fatal(refusals[-1])
         if status in (401, 403, 404):
             refusals.append(f"the endpoint answered HTTP {status} ({att['detail'][:200]}); check --base-url, "
                             f"--model and ${args.api_key_env}")
@@ -445,6 +483,7 @@ if args.analyzer == "openai" and todo:
             bar.update(1)
     except Fatal:
         pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
         sys.exit(f"annotate: stopped: {refusals[0]}")
     except BaseException:  # Ctrl-C: do not start the queued requests; what is written stays written
         pool.shutdown(wait=False, cancel_futures=True)
@@ -516,3 +555,7 @@ print(f"this run: {len(todo) + len(skipped)} trajectories in {elapsed:.1f}s "
 manifest["summary"] = {"records": len(records), "status": dict(status), "sft_examples": len(sft), "sft_val": n_val,
                        "elapsed_s": round(elapsed, 1)}
 write_manifest(manifest_path, manifest)
+transport = Counter(r["reason"] for r in records if r["status"] == "failed" and transport_failure(r["reason"]))
+if transport:
+    sys.exit(f"annotate: {sum(transport.values())} trajectories failed for transport reasons ({counts(transport)}); "
+             "rerun the same command to ask them again")

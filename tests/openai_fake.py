@@ -2,9 +2,10 @@
 
 Tests script it per request; run as a program it is a stand-in analyzer for CPU demos of annotate.py:
 
-    python tests/openai_fake.py --port 8000 &
+    python tests/openai_fake.py --port 8000 &      # prints its pid; `kill %1` (or kill <pid>) stops it
     python annotate.py --trajectories runs/demo/expert.jsonl --out runs/demo/skills.jsonl \
         --base-url http://127.0.0.1:8000/v1 --model fake-analyzer
+    kill %1
 
     server = FakeOpenAI(script)          # script(request) -> Reply, called once per POST
     server.url                           # "http://127.0.0.1:<port>/v1" (the --base-url to pass)
@@ -142,11 +143,23 @@ def demo_script(req):
 
 if __name__ == "__main__":
     import argparse
-    ap = argparse.ArgumentParser(description="a fake OpenAI-compatible analyzer for CPU demos")
-    ap.add_argument("--port", type=int, default=8000)
+    import errno
+    import os
+    import sys
+    ap = argparse.ArgumentParser(description="a fake OpenAI-compatible analyzer for CPU demos",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any free port)")
     a = ap.parse_args()
-    server = FakeOpenAI(demo_script, port=a.port)
-    print(f"fake analyzer at {server.url} (Ctrl-C to stop)", flush=True)
+    try:
+        server = FakeOpenAI(demo_script, port=a.port)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        sys.exit(f"port {a.port} is in use: another server (a fake analyzer started earlier?) listens there. Stop "
+                 f"that one (`kill <its pid>`, printed when it started; `fuser -k {a.port}/tcp` finds it), or pass "
+                 f"another --port")
+    print(f"fake analyzer at {server.url}, pid {os.getpid()}: stop it with Ctrl-C, or `kill {os.getpid()}`",
+          flush=True)
     try:
         server.thread.join()
     except KeyboardInterrupt:

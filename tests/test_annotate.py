@@ -4,6 +4,7 @@ import copy
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -117,7 +118,7 @@ def scripted_run(template, tmp_path_factory):
         # so only Retry-After can explain a 1 s gap; Retry-After 3600 is capped by --max-wait 1.2
         res = run_script(annotate_args(traj, d / "out" / "skills.jsonl", server.url, "--timeout", "1.5",
                                        "--http-retries", "2", "--backoff", "0.05", "--max-wait", "1.2"),
-                         env={"SEED_TEST_KEY": KEY})
+                         env={"SEED_TEST_KEY": KEY}, check=False)
         wall = time.monotonic() - t0
         recs = {r["trajectory_uid"].split("/")[1].split("#")[0]: r for r in load(d / "out" / "skills.jsonl")}
         sent = sum(len(r["attempts"]) for r in recs.values())
@@ -168,6 +169,12 @@ def test_each_misbehaviour_ends_as_scripted(scripted_run):
     n_failed = sum(s == "failed" for s, *_ in CASES.values())
     assert f"{len(CASES)} annotations" in out and f"parsed {n_parsed}, failed {n_failed}, skipped 1" in out
     assert f"parse rate, success trajectories: {n_parsed}/{n_parsed + n_failed}" in out
+    # the three transport failures (HTTP 429, timeout, a 200 that is no completion) make the run fail, in one
+    # line; the parse failures and the HTTP 400 are final answers, not counted there
+    res = scripted_run["res"]
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1] == ("annotate: 3 trajectories failed for transport reasons (bad_response 1, "
+                                                   "http_429 1, timeout 1); rerun the same command to ask them again")
 
 
 def test_api_key_reaches_the_server_and_nothing_else(scripted_run):
@@ -219,35 +226,72 @@ def test_val_split_is_seeded_about_ten_percent_and_stable_under_resume(template,
     assert 8 <= n_val <= 36, n_val  # ~10% of 200
 
 
-def test_retry_failed_supersedes_failed_records(template, tmp_path):
-    eps = clones(template, ["ok", "outage"])
+def test_transport_failures_are_asked_again_by_default_parse_failures_only_with_retry_failed(template, tmp_path):
+    """An outage (HTTP 503 after the retries) fails a record for transport reasons: the run exits 1, and the
+    plain rerun asks it again, saying so. An unparsable answer is final unless --retry-failed."""
+    eps = clones(template, ["ok", "outage", "nonjson"])
     traj, out = write_jsonl(tmp_path / "traj.jsonl", eps), tmp_path / "skills.jsonl"
-    down = {"outage": True}
+    down = {"outage": True, "nonjson": True}
 
     def script(req):
         if "outage" in req["task"] and down["outage"]:
             return Reply(status=503)
+        if "nonjson" in req["task"] and down["nonjson"]:
+            return Reply(content="I would rather not answer in JSON.")
         return Reply(content=good_answer("ok.", SKILL))
     with FakeOpenAI(script) as server:
-        fast = ("--http-retries", "1", "--backoff", "0.01")
-        run_script(annotate_args(traj, out, server.url, *fast))
-        assert {r["trajectory_uid"]: r["status"] for r in load(out)} == {"case/ok#r0": "parsed",
-                                                                         "case/outage#r0": "failed"}
+        fast = ("--http-retries", "1", "--backoff", "0.01", "--parse-retries", "0")
+        first = run_script(annotate_args(traj, out, server.url, *fast), check=False)
+        assert first.returncode == 1 and "1 trajectories failed for transport reasons (http_503 1)" in first.stderr
+        assert {r["trajectory_uid"]: (r["status"], r["reason"]) for r in load(out)} == {
+            "case/ok#r0": ("parsed", ""), "case/outage#r0": ("failed", "http_503"), "case/nonjson#r0": ("failed", "no_json")}
         sft_bytes = (tmp_path / "skills.sft.jsonl").read_bytes()
-        run_script(annotate_args(traj, out, server.url, *fast))  # a plain resume: failed is final
-        assert len(load(out)) == 2 and len(server.requests) == 3
+        still_down = run_script(annotate_args(traj, out, server.url, *fast), check=False)  # the outage lasts
+        assert "asking again 1 that failed before for transport reasons: http_503 1" in still_down.stdout
+        assert still_down.returncode == 1 and len(load(out)) == 4 and len(server.requests) == 4 + 2
         assert (tmp_path / "skills.sft.jsonl").read_bytes() == sft_bytes, "the rebuilt SFT file is the same"
         down["outage"] = False
+        res = run_script(annotate_args(traj, out, server.url, *fast))  # the endpoint is back: exit 0
+        assert "asking again 1 that failed before for transport reasons: http_503 1" in res.stdout
+        assert len(server.requests) == 7, "only the transport failure is asked again, not the unparsable answer"
+        assert "parsed 2, failed 1" in res.stdout and "2 earlier failed records superseded" in res.stdout
+        down["nonjson"] = False
         res = run_script(annotate_args(traj, out, server.url, "--retry-failed", *fast))
-        assert len(server.requests) == 4, "only the failed trajectory is asked again"
+        assert "asking again 1 that failed before (--retry-failed): no_json 1" in res.stdout
+        assert len(server.requests) == 8 and "parsed 3, failed 0" in res.stdout
+        # the analyzer's settings are part of the file: another temperature is refused, by name
+        other = run_script(annotate_args(traj, out, server.url, "--temperature", "0.7"), check=False)
+        assert other.returncode != 0 and len(server.requests) == 8
+        assert "--temperature 0.0 then, 0.7 now" in other.stderr.strip().splitlines()[-1]
     recs = load(out)
-    assert len(recs) == 3 and recs[-1]["trajectory_uid"] == "case/outage#r0" and recs[-1]["status"] == "parsed"
-    assert "2 annotations" in res.stdout and "parsed 2, failed 0" in res.stdout and "1 earlier failed" in res.stdout
+    assert recs[-1]["trajectory_uid"] == "case/nonjson#r0" and recs[-1]["status"] == "parsed"
     sft = load(tmp_path / "skills.sft.jsonl")
-    assert sorted(e["trajectory_uid"] for e in sft) == ["case/ok#r0", "case/outage#r0"]
+    assert sorted(e["trajectory_uid"] for e in sft) == ["case/nonjson#r0", "case/ok#r0", "case/outage#r0"]
     sid = next(e["id"] for e in sft if e["trajectory_uid"] == "case/outage#r0")
     trace = run_script(["annotate.py", "--trace", sid, "--sft", str(tmp_path / "skills.sft.jsonl")]).stdout
-    assert "status: parsed" in trace and "after 1 failed record(s): ['http_503']" in trace
+    assert "status: parsed" in trace and "after 2 failed record(s): ['http_503', 'http_503']" in trace
+
+
+def test_nothing_listening_stops_at_once_in_one_line_and_the_rerun_asks_everything(template, tmp_path):
+    """No server on the port: a non-zero exit within seconds, one line naming the URL, nothing written as
+    failed. The same command with the fake endpoint up then annotates every trajectory."""
+    eps = clones(template, [f"n{i}" for i in range(12)])
+    traj, out = write_jsonl(tmp_path / "traj.jsonl", eps), tmp_path / "skills.jsonl"
+    with socket.socket() as probe:  # a port nobody listens on (free now; the fake endpoint takes it below)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    t0 = time.monotonic()
+    res = run_script(annotate_args(traj, out, url), check=False)
+    assert res.returncode != 0 and "Traceback" not in res.stderr and time.monotonic() - t0 < 30  # was 88 s, exit 0
+    assert res.stderr.strip().splitlines()[-1] == (f"annotate: stopped: cannot reach {url} ([Errno 111] Connection "
+                                                   "refused): is the endpoint up? Start it (or fix --base-url) and "
+                                                   "rerun the same command")
+    assert load(out) == []
+    with FakeOpenAI(lambda req: Reply(content=good_answer("ok.", SKILL)), port=port) as server:
+        again = run_script(annotate_args(traj, out, url))
+        assert len(server.requests) == 12
+    assert "12 annotations" in again.stdout and "parsed 12, failed 0" in again.stdout
 
 
 def test_kill_mid_run_then_resume_gives_every_trajectory_exactly_once(template, tmp_path):
@@ -364,3 +408,22 @@ def test_local_tiny_analyzer_fails_cleanly(tiny_trajectories, tmp_path):
     manifest = json.load(open(str(out) + ".manifest.json"))
     assert manifest["tokenizer"]["chat_template_sha256"] and manifest["diff_vs_paper"] == {
         "max_new_tokens": {"run": 16, "paper": 4096}}
+
+
+def test_the_demo_endpoint_says_how_to_stop_it_and_a_port_in_use_in_one_line():
+    """`python tests/openai_fake.py --port N &` (the README's demo): it prints its pid and stops on `kill`; a
+    second one on the same port is one line, not an "Address already in use" traceback."""
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "tests/openai_fake.py", "--port", "0"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert f"pid {proc.pid}: stop it with Ctrl-C, or `kill {proc.pid}`" in first
+        port = int(first.split("127.0.0.1:")[1].split("/")[0])
+        second = run_script(["tests/openai_fake.py", "--port", str(port)], check=False, timeout=60)
+        assert second.returncode != 0 and "Traceback" not in second.stderr
+        assert second.stderr.strip().splitlines()[-1].startswith(f"port {port} is in use")
+    finally:
+        proc.terminate()  # what `kill <pid>` sends
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGTERM
