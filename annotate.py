@@ -60,7 +60,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
-from envs import ENVS, HelpFormatter
+from envs import ENVS, HelpFormatter, require_positive
 from envs.records import (append_jsonl, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
                           run_manifest, sha256_file, write_manifest)
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis, target_json
@@ -173,8 +173,9 @@ for name in ("trajectories", "out", "model"):
         p.error(f"--{name.replace('_', '-')} is required")
 if args.analyzer == "openai" and not args.base_url:
     p.error("--analyzer openai needs --base-url")
-if not 0 <= args.val_fraction <= 1 or args.parse_retries < 0 or args.http_retries < 0 or args.concurrency < 1:
-    p.error("need 0 <= --val-fraction <= 1, --parse-retries >= 0, --http-retries >= 0, --concurrency >= 1")
+if not 0 <= args.val_fraction <= 1 or args.parse_retries < 0 or args.http_retries < 0:
+    p.error("need 0 <= --val-fraction <= 1, --parse-retries >= 0, --http-retries >= 0")
+require_positive(args, "concurrency", "max_new_tokens", "batch_size", "max_model_len")
 if args.analyzer == "local" and args.model == "tiny" and args.backend == "vllm":
     p.error("`tiny` is built in memory; vLLM needs a model path (use --backend hf)")
 
@@ -205,6 +206,8 @@ def read_episodes(path):
 
 episodes, source = [], {}
 for path in args.trajectories:
+    if not os.path.isfile(path):
+        sys.exit(f"--trajectories {path}: no such file")
     for ep in read_episodes(path):
         if ep["uid"] in source:
             sys.exit(f"trajectory uid {ep['uid']} appears twice ({source[ep['uid']]} and {path}); "
@@ -214,6 +217,8 @@ for path in args.trajectories:
             sys.exit(f"{path}: trajectory {ep['uid']} is of env {ep.get('env', 'alfworld')!r}, not --env {args.env}")
         episodes.append(ep)
 
+if not episodes:
+    sys.exit(f"no trajectories in {', '.join(args.trajectories)}; nothing to annotate")
 manifest_path = args.out + ".manifest.json"
 old_manifest = check_resume(manifest_path, args, script="annotate.py", out=args.out)  # one analyzer per file
 

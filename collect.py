@@ -26,7 +26,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from envs import HelpFormatter, add_env_arg, env_from_argv
+from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive
 from envs.backends import ExpertPolicy, HFBackend, VLLMBackend
 from envs.models import load_model, load_tokenizer
 from envs.pool import EnvPool
@@ -61,13 +61,22 @@ g.add_argument("--seed", type=int, default=0, help="task choice and sampling")
 g.add_argument("--shard", default="0/1", help="i/n: play every n-th episode starting at i")
 g.add_argument("--out", required=True, help="episode JSONL (append-only; rerun the same command to resume)")
 args = p.parse_args()
+require_positive(args, "tasks", "rollouts", "max_steps", "max_new_tokens", "workers", "batch_episodes")
+try:
+    shard_i, shard_n = map(int, args.shard.split("/"))
+    assert 0 <= shard_i < shard_n
+except (ValueError, AssertionError):
+    sys.exit(f"--shard {args.shard!r}: expected i/n with 0 <= i < n, e.g. 0/8")
 
 # ---------------------------------------------------------------------------------------------------
 # Plan: the deterministic list of episodes, minus those already written (resume)
 games = env.stage1_tasks(args.seed, args.tasks, args)
-shard_i, shard_n = map(int, args.shard.split("/"))
+if not games:
+    sys.exit(f"{env.NAME}: split {args.split!r} has no tasks (is the env's data complete?); nothing to play")
 plan = [dict(g, uid=f"{g['task_id']}#r{r}", group=gi, rollout=r, seed=args.seed)
         for gi, g in enumerate(games) for r in range(args.rollouts)][shard_i::shard_n]
+if not plan:
+    sys.exit(f"--shard {args.shard}: the plan has {len(games) * args.rollouts} episodes, none of them in this shard")
 
 manifest_path = args.out + ".manifest.json"
 tokenizer = load_tokenizer(args.model)

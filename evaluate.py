@@ -31,7 +31,7 @@ import os
 import sys
 import time
 
-from envs import HelpFormatter, add_env_arg, env_from_argv
+from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive
 from envs.rollout import add_rollout_args
 from envs.records import (append_jsonl, check_resume, games_summary, open_jsonl_for_append, read_jsonl,
                           resumed_manifest, run_manifest, write_manifest)
@@ -122,8 +122,7 @@ from envs.pool import EnvPool  # noqa: E402
 from envs.rollout import format_summary, play_episodes, summarize_episodes  # noqa: E402
 
 splits = [s.strip() for s in args.splits.split(",") if s.strip()]
-if args.samples < 1 or (args.limit is not None and args.limit < 1):
-    sys.exit("--samples and --limit must be >= 1")
+require_positive(args, "samples", "limit", "max_steps", "max_new_tokens", "workers", "batch_episodes", "tp")
 if args.tp > 1 and (args.backend != "vllm" or args.model == "expert"):
     sys.exit("--tp (tensor parallelism) needs --backend vllm and a model")
 if not splits:
@@ -136,6 +135,9 @@ try:
     games = {s: env.eval_tasks(s, args.seed, args.limit, args) for s in splits}
 except ValueError as e:  # an unknown split: the env names the known ones
     sys.exit(f"--splits: {e}")
+for s in splits:
+    if not games[s]:
+        sys.exit(f"{env.NAME}: split {s!r} has no tasks (is the env's data complete?); nothing to evaluate")
 plan = [dict(g, uid=f"{g['task_id']}#s{k}", group=gi, rollout=k, sample=k, seed=args.seed)
         for s in splits for gi, g in enumerate(games[s]) for k in range(args.samples)]
 

@@ -44,7 +44,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from envs import HelpFormatter, add_env_arg, env_from_argv
+from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive
 from envs.backends import HFBackend, ScriptedAnalyzer, VLLMBackend
 from envs.models import attn_implementation, load_model, load_tokenizer
 from envs.pool import EnvPool
@@ -199,7 +199,9 @@ def parse_args():
     add_env_arg(g, env)
     g.add_argument("--updates", type=int, default=paper["updates"], help="policy updates (each plays a fresh task batch)")
     g.add_argument("--tasks-per-update", type=int, default=paper["tasks_per_update"], help="tasks (GRPO groups) per update")
-    g.add_argument("--group-size", type=int, default=paper["group_size"], help="episodes per task")
+    g.add_argument("--group-size", type=int, default=paper["group_size"], help="episodes per task (a GRPO group)")
+    g.add_argument("--allow-group-of-one", action="store_true", help="run --group-size 1 anyway: every GRPO "
+                   "advantage is then 0, so only the KL and OPD terms train")
     add_rollout_args(g, paper, temperature_help="rollout sampling temperature (the trainer scores at 1)")
     g.add_argument("--workers", type=int, default=None, help="env worker processes per rank (default: one per "
                    "episode, at most this node's cores / local ranks)")
@@ -245,7 +247,14 @@ def parse_args():
     g.add_argument("--save-every", type=int, default=10, help="trainer checkpoint + HF checkpoint every N updates")
     g.add_argument("--dump-examples", type=int, default=4, help="plain-vs-skill examples dumped per update")
     g.add_argument("--out", default="runs/seed", help="output folder (metrics, examples, checkpoints, manifest)")
-    return p.parse_args(), env, paper
+    args = p.parse_args()
+    require_positive(args, "updates", "tasks_per_update", "group_size", "max_steps", "max_new_tokens", "mini_batch",
+                     "micro_batch", "save_every", "workers")
+    if args.group_size == 1 and not args.allow_group_of_one:
+        sys.exit("--group-size 1: GRPO ranks the episodes of a task against each other, so with one episode every "
+                 "advantage is 0 and the policy-gradient term trains nothing; use --group-size 2 or more (the paper: "
+                 f"{paper['group_size']}), or pass --allow-group-of-one to train on the KL and OPD terms alone")
+    return args, env, paper
 
 
 def main():
@@ -274,6 +283,9 @@ def main():
 
     tokenizer = load_tokenizer(args.model)
     stream = env.rl_tasks(args.seed, args.tasks_per_update * args.updates, args)
+    if len(stream) < args.tasks_per_update * args.updates:  # the last updates would play nothing
+        sys.exit(f"{env.NAME}: the train split gives {len(stream)} tasks, fewer than --updates {args.updates} x "
+                 f"--tasks-per-update {args.tasks_per_update}")
     manifest = run_manifest("seed_rl.py", args, paper=paper, model=args.model, ref_model=args.ref_model,
                             tokenizer=tokenizer, split="train", games=stream, seeds={"seed": args.seed},
                             extra={"world_size": world})

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
-from envs import HelpFormatter, add_env_arg, env_from_argv, load_env
+from envs import HelpFormatter, add_env_arg, env_from_argv, load_env, require_positive
 from envs.models import load_model, load_tokenizer
 from envs.records import (append_jsonl, args_diff, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
                           run_manifest, sha256_file, write_manifest)
@@ -100,6 +100,7 @@ p.add_argument("--resume", action="store_true", help="require a trainer checkpoi
                "checkpoint found there is resumed anyway)")
 p.add_argument("--seed", type=int, default=0, help="data order (and the tiny model's init)")
 args = p.parse_args()
+require_positive(args, "epochs", "batch_size", "micro_batch", "max_length", "save_every", "max_steps")
 
 rank, world, device = init_distributed()
 torch.manual_seed(args.seed)

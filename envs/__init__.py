@@ -60,3 +60,11 @@ def add_env_arg(parser, env):
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """--help shows the docstring's commands as written and every flag's default."""
+
+
+def require_positive(args, *names):
+    """Counts of 0 or less make a run that plays or trains nothing: refuse them, in one line naming each."""
+    bad = [f"--{n.replace('_', '-')} {getattr(args, n)}" for n in names
+           if getattr(args, n) is not None and getattr(args, n) < 1]
+    if bad:
+        sys.exit(f"{', '.join(bad)}: must be 1 or more (with 0 nothing is played or trained)")

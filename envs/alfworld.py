@@ -197,7 +197,7 @@ def eval_tasks(split, seed, limit=None, args=None):
     for g in select_games(split, seed, tasks_per_type=-(-limit // len(TASK_TYPES))):
         by_type.setdefault(g["task_type"], []).append(g)
     out = []
-    for i in range(max(map(len, by_type.values()))):
+    for i in range(max(map(len, by_type.values()), default=0)):  # an empty split: no task
         out += [by_type[t][i] for t in TASK_TYPES if i < len(by_type.get(t, []))]
     return out[:limit]
 

@@ -97,3 +97,37 @@ def test_hub_id_not_in_the_cache_while_offline_is_one_line_without_a_hub_call(tm
     assert one_line_error(res).startswith("model Qwen/No-Such-Model-0.1B: not a folder here, and not in the local "
                                           "hub cache (HF_HUB_OFFLINE is set")
     assert hub.connections == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Settings that would do nothing are refused
+
+def test_group_of_one_and_zero_counts_are_refused(tmp_path):
+    out = str(tmp_path / "seed")
+    one = one_line_error(run_script(["seed_rl.py", "--model", "tiny", "--group-size", "1", "--out", out], check=False))
+    assert one.startswith("--group-size 1: GRPO ranks the episodes") and "--allow-group-of-one" in one
+    zero = one_line_error(run_script(["seed_rl.py", "--model", "tiny", "--group-size", "0", "--updates", "0",
+                                      "--out", out], check=False))
+    assert zero == "--updates 0, --group-size 0: must be 1 or more (with 0 nothing is played or trained)"
+    res = run_script(["collect.py", "--model", "expert", "--rollouts", "0", "--out", str(tmp_path / "t.jsonl")],
+                     check=False)
+    assert one_line_error(res) == "--rollouts 0: must be 1 or more (with 0 nothing is played or trained)"
+    assert not os.path.exists(out) and not os.path.exists(tmp_path / "t.jsonl")
+
+
+def test_an_empty_split_is_refused_in_collect_and_evaluate(tmp_path):
+    """A data folder whose splits hold no game: one line each, not 0 episodes or `max() arg is an empty
+    sequence`."""
+    data = tmp_path / "alfworld"
+    for split in ("train", "valid_seen", "valid_unseen"):
+        (data / "json_2.1.1" / split).mkdir(parents=True)
+    env = {"ALFWORLD_DATA": str(data)}
+    res = run_script(["collect.py", "--model", "expert", "--tasks", "6", "--out", str(tmp_path / "t.jsonl")],
+                     check=False, env=env)
+    assert one_line_error(res) == ("alfworld: split 'train' has no tasks (is the env's data complete?); nothing "
+                                   "to play")
+    res = run_script(["evaluate.py", "--model", "expert", "--limit", "6", "--out", str(tmp_path / "e")],
+                     check=False, env=env)
+    assert one_line_error(res) == ("alfworld: split 'valid_seen' has no tasks (is the env's data complete?); "
+                                   "nothing to evaluate")
+    assert not os.path.exists(tmp_path / "t.jsonl") and not os.path.exists(tmp_path / "e")
