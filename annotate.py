@@ -8,24 +8,27 @@ only parsed answers become SFT examples (10% validation).
 
     # the paper's setup: an external analyzer behind an OpenAI-compatible endpoint (the API key is read
     # from $OPENAI_API_KEY, or the variable --api-key-env names; it is never logged or written)
-    python annotate.py --trajectories runs/stage1/traj.jsonl --out runs/stage1/skills.jsonl \
+    python annotate.py --trajectories runs/stage1/traj.jsonl --out runs/stage1/skills.jsonl \\
         --analyzer openai --base-url https://open.bigmodel.cn/api/paas/v4 --model glm-5.2
     # 1 GPU: a local analyzer through the project's vLLM backend
-    python annotate.py --trajectories runs/stage1/traj.jsonl --out runs/stage1/skills.jsonl \
+    python annotate.py --trajectories runs/stage1/traj.jsonl --out runs/stage1/skills.jsonl \\
         --analyzer local --model Qwen/Qwen2.5-7B-Instruct --backend vllm
     # 8 GPUs: serve a large analyzer with vLLM's own OpenAI server (tensor parallel) and ask it concurrently
     vllm serve Qwen/Qwen2.5-72B-Instruct --tensor-parallel-size 8 --max-model-len 16384 &
-    python annotate.py --trajectories runs/stage1/traj.*.jsonl --out runs/stage1/skills.jsonl \
+    until curl -sf localhost:8000/v1/models > /dev/null; do sleep 10; done   # loading takes minutes
+    python annotate.py --trajectories runs/stage1/traj.*.jsonl --out runs/stage1/skills.jsonl \\
         --analyzer openai --base-url http://localhost:8000/v1 --model Qwen/Qwen2.5-72B-Instruct --concurrency 64
     # CPU demo: a stand-in endpoint (canned skills, no model; it answers 503 and non-JSON now and then)
     python tests/openai_fake.py --port 8765 &
-    python annotate.py --trajectories runs/demo/expert.jsonl --out runs/demo/skills.jsonl \
-        --sft runs/demo/sft.jsonl --base-url http://127.0.0.1:8765/v1 --model fake-analyzer
+    python annotate.py --trajectories runs/demo/expert.jsonl --out runs/demo/skills.jsonl \\
+        --base-url http://127.0.0.1:8765/v1 --model fake-analyzer
+    kill %1   # stops the stand-in endpoint
     # CPU demo, local analyzer: a tiny random model never writes JSON, so every record ends `failed`
-    python annotate.py --trajectories runs/demo/tiny.jsonl --out runs/demo/skills_tiny.jsonl \
+    python annotate.py --trajectories runs/demo/tiny.jsonl --out runs/demo/skills_tiny.jsonl \\
         --analyzer local --model tiny --max-new-tokens 16
-    # follow one SFT example from the raw trajectory to its target (the summary prints an id to try)
-    python annotate.py --trace sft-491a35f53b13 --sft runs/demo/sft.jsonl
+    # follow one SFT example from the raw trajectory to its target (the summary prints ids to try; this one is
+    # an example of the demo above: the ids depend only on the trajectories)
+    python annotate.py --trace sft-24398033638e --sft runs/demo/skills.sft.jsonl
 
 Outputs (append-only: a killed run restarts where it stopped, keyed by trajectory uid, no duplicates; a record
 that failed for transport reasons (timeouts, HTTP 5xx/429/408, connection errors, a 200 that is no chat
@@ -74,13 +77,14 @@ p.add_argument("--env", default=None, choices=list(ENVS), help="default: the env
                "analysis prompt describes that env); given, every trajectory must be of this env")
 p.add_argument("--trajectories", nargs="+", help="collect.py output file(s)")
 p.add_argument("--out", help="annotation JSONL (append-only)")
-p.add_argument("--analyzer", default="openai", choices=["openai", "local"])
+p.add_argument("--analyzer", default="openai", choices=["openai", "local"], help="openai: an OpenAI-compatible endpoint "
+               "(--base-url); local: a model run here through the project's backends (--backend)")
 p.add_argument("--model", help="endpoint model name | local HF path or hub id | tiny")
 p.add_argument("--base-url", help="OpenAI-compatible base URL, e.g. http://host:8000/v1 (POST <base>/chat/completions)")
 p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="name of the environment variable holding the key")
 p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="local analyzer: HF generate or vLLM")
-p.add_argument("--temperature", type=float, default=PAPER["temperature"])
-p.add_argument("--max-new-tokens", type=int, default=PAPER["max_new_tokens"])
+p.add_argument("--temperature", type=float, default=PAPER["temperature"], help="analyzer sampling temperature (0: greedy)")
+p.add_argument("--max-new-tokens", type=int, default=PAPER["max_new_tokens"], help="tokens of one analyzer answer")
 p.add_argument("--retry-failed", action="store_true", help="re-ask every trajectory whose record is `failed`, also "
                "unparsable answers (transport failures are re-asked without it); the new record supersedes the old")
 p.add_argument("--parse-retries", type=int, default=PAPER["parse_retries"], help="re-asks after an unparsable answer")
@@ -91,8 +95,9 @@ p.add_argument("--backoff", type=float, default=2.0, help="first backoff in seco
 p.add_argument("--max-wait", type=float, default=60.0, help="cap on one wait (backoff or Retry-After), seconds")
 p.add_argument("--batch-size", type=int, default=64, help="local analyzer: trajectories per generation round")
 p.add_argument("--max-model-len", type=int, default=16384, help="local analyzer: prompt + answer token limit")
-p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-p.add_argument("--val-fraction", type=float, default=PAPER["val_fraction"])
+p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="local analyzer, vLLM: its share of the GPU")
+p.add_argument("--val-fraction", type=float, default=PAPER["val_fraction"], help="share of SFT examples in the "
+               "validation split (by a seeded hash of the id: stable when a rerun adds examples)")
 p.add_argument("--seed", type=int, default=0, help="validation split (and the local model's init for `tiny`)")
 p.add_argument("--sft", help="SFT dataset path (default: <out stem>.sft.jsonl)")
 p.add_argument("--trace", metavar="SFT_ID", help="print the chain of one SFT example and exit")

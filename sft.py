@@ -12,11 +12,11 @@ validation split given by each record's `split` field. Not in the paper (verl's 
     # 1 GPU (gradient accumulation: 8 micro-batches of 1 sequence per step)
     python sft.py --model Qwen/Qwen2.5-3B-Instruct --data runs/stage1/skills.sft.jsonl --out runs/stage1/sft
     # 8 GPUs (FSDP2, one sequence per GPU per step)
-    torchrun --nproc_per_node 8 sft.py --model Qwen/Qwen2.5-3B-Instruct --data runs/stage1/skills.sft.jsonl \
+    torchrun --nproc_per_node 8 sft.py --model Qwen/Qwen2.5-3B-Instruct --data runs/stage1/skills.sft.jsonl \\
         --out runs/stage1/sft
     # CPU demo: a tiny random Qwen2 with the real tokenizer; a high lr so the loss visibly falls in 9 steps
-    python sft.py --model tiny --data runs/demo/skills.sft.jsonl --out runs/demo/sft --epochs 3 --batch-size 4 \
-        --lr 3e-2 --warmup-ratio 0 --max-length 2048
+    python sft.py --model tiny --data runs/demo/skills.sft.jsonl --out runs/demo/sft --epochs 3 --batch-size 4 \\
+        --lr 3e-2 --warmup-ratio 0 --max-length 4096
 
 Input: one JSON line per example: {"id", "split": "train"|"val", "prompt": <user message>, "target": <JSON
 string>, ...ids tracing it back to its annotation and trajectory}.
