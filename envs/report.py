@@ -14,7 +14,23 @@ from envs.records import read_jsonl
 
 
 def cell(x, digits=1):
-    return "-" if x is None else f"{x:.{digits}f}"
+    """x with `digits` decimals; a value too small for them in scientific notation (an OPD loss of 5e-05 is
+    not "0.0000")."""
+    if x is None:
+        return "-"
+    return f"{x:.2e}" if x != 0 and abs(x) < 10 ** (1 - digits) else f"{x:.{digits}f}"
+
+
+# metrics that are rates (shares of episodes, steps or tokens): drawn on a fixed 0-1 axis, so a flat curve at
+# 0.02 does not fill the panel as if it moved
+RATES = ("rollout/success_rate", "rollout/success/", "rollout/invalid_rate", "rollout/inadmissible_rate",
+         "rollout/truncated_rate", "skill/parse_rate", "opd/teacher_coverage", "opd/gate_mean",
+         "opd/gate_active_ratio", "pg/clipfrac")
+# one look per run (line style, marker, hollow or filled), so where two runs coincide both stay visible
+STYLES = [dict(linestyle="-", marker="o", markersize=7, markerfacecolor="none"),
+          dict(linestyle="--", marker="s", markersize=4),
+          dict(linestyle=":", marker="^", markersize=6, markerfacecolor="none"),
+          dict(linestyle="-.", marker="x", markersize=5)]
 
 
 FIGURES = [  # (file stem, title, [metric keys], one panel per key)
@@ -50,6 +66,7 @@ def write_report(paths, out, smooth=1):
         import matplotlib
         matplotlib.use("Agg")  # files only, no display
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         plt = None
         notes.append("matplotlib is not installed: this report is text-only (no figures). "
@@ -108,18 +125,24 @@ def write_report(paths, out, smooth=1):
             nrows = math.ceil(len(keys) / ncols)
             fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 3.2 * nrows), squeeze=False)
             for ax, pn in zip(axes.flat, panels):
-                for r in runs:
+                for i, r in enumerate(runs):
                     pts = r["series"].get(pn["key"])
                     if not pts:
                         continue
                     xs, ys = [x for x, _ in pts], [y for _, y in pts]
+                    style = dict(STYLES[i % len(STYLES)])
+                    if len(xs) >= 30:  # markers would hide the line; the line style still tells the runs apart
+                        style.pop("marker"), style.pop("markerfacecolor", None)
                     if smooth > 1:  # raw points faint, the moving average on top
-                        line, = ax.plot(xs, ys, alpha=0.25, linewidth=0.8)
-                        ax.plot(xs, moving_average(ys, smooth), color=line.get_color(), label=r["label"])
+                        line, = ax.plot(xs, ys, alpha=0.25, linewidth=0.8, linestyle=style["linestyle"])
+                        ax.plot(xs, moving_average(ys, smooth), color=line.get_color(), label=r["label"], **style)
                     else:
-                        ax.plot(xs, ys, marker="." if len(xs) < 30 else None, label=r["label"])
+                        ax.plot(xs, ys, label=r["label"], **style)
                 if not pn["drawn"]:
                     ax.text(0.5, 0.5, "no data in any run", ha="center", va="center", transform=ax.transAxes)
+                if pn["key"].startswith(RATES):
+                    ax.set_ylim(-0.03, 1.03)
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # updates are whole numbers
                 ax.set_title(pn["key"], fontsize=9)
                 ax.set_xlabel("update", fontsize=8)
                 ax.tick_params(labelsize=7)
@@ -205,8 +228,8 @@ def write_report(paths, out, smooth=1):
         md += [f"![gap {g['label']}]({g['file']})" for g in gaps if g["file"]] + [""]
         md += ["| run | steps | tokens | mean gap | p05 | median | p95 | gap > 0 (= gate > 0.5) |",
                "|---|---|---|---|---|---|---|---|"]
-        md += [f"| {g['label']} | {g['examples']} | {g['tokens']} | {g['mean']:.4f} | {g['p05']:.3f} | "
-               f"{g['median']:.4f} | {g['p95']:.3f} | {g['positive']:.3f} |" for g in gaps]
+        md += [f"| {g['label']} | {g['examples']} | {g['tokens']} | {cell(g['mean'], 4)} | {cell(g['p05'], 3)} | "
+               f"{cell(g['median'], 4)} | {cell(g['p95'], 3)} | {cell(g['positive'], 3)} |" for g in gaps]
         md.append("")
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]

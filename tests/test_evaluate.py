@@ -251,3 +251,39 @@ def test_data_manifest(tmp_path):
     assert m1["stage1"]["sha256"] != s1["sha256"] and m1["rl_stream"]["sha256"] != rl["sha256"]
     assert m1["stage1"]["per_type"] == s1["per_type"] and m1["rl_stream"]["count"] == 2400
     assert set(m1["stage1"]["task_ids"]) != set(s1["task_ids"])
+
+
+def test_report_axes_lines_and_small_numbers(tmp_path, monkeypatch):
+    """Updates are whole numbers on the x axis; rates sit on a fixed 0-1 axis; runs that coincide stay
+    distinguishable (their own line style and marker); values too small for the summary's decimals are in
+    scientific notation, not 0.0000."""
+    import matplotlib.figure
+    from envs.report import write_report
+    runs = tmp_path / "runs"
+    for name in ("grpo", "seed"):
+        (runs / name).mkdir(parents=True)
+        rows = [{"update": u, "rollout/success_rate": 0.0, "rollout/invalid_rate": 0.02 + 0.001 * u,
+                 "loss/opd": 3e-5 * u if name == "seed" else None, "loss/kl": 0.0} for u in (1, 2, 3)]
+        (runs / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    axes = {}
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, path, **kw):
+        for ax in fig.axes:
+            if ax.get_title():
+                axes[ax.get_title()] = ax
+        return real_savefig(fig, path, **kw)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    write_report([str(runs / "grpo"), str(runs / "seed")], str(tmp_path / "report"))
+    for key in ("rollout/success_rate", "rollout/invalid_rate"):
+        assert axes[key].get_ylim() == pytest.approx((-0.03, 1.03)), key
+    assert axes["loss/opd"].get_ylim()[1] < 0.01  # not a rate: scaled to its values
+    for ax in axes.values():
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+    grpo, seed = axes["rollout/success_rate"].get_lines()  # the same values: both must stay visible
+    assert list(grpo.get_ydata()) == list(seed.get_ydata())
+    assert (grpo.get_linestyle(), grpo.get_marker()) != (seed.get_linestyle(), seed.get_marker())
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| seed | 3 | 0.000 | 0.000 | - | 0.022 | 6.00e-05 |" in md  # the OPD loss (last 10), not 0.0000
+    assert "| `loss/opd` | seed | 3 | 3.00e-05 | 9.00e-05 |" in md
