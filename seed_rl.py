@@ -181,6 +181,12 @@ def sync_engine(engine, policy, dtype):
     engine.wake_up(tags=["kv_cache"])
 
 
+def device_used_gib():
+    """Memory in use on this GPU, all processes and allocators (the driver's count), in GiB."""
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2 ** 30
+
+
 def parse_args():
     """--env first (pre-parsed), then every flag with that env's paper preset as its default."""
     env = env_from_argv()
@@ -303,6 +309,7 @@ def main():
                                   **adamw_impl(device))
     sync_dtype = torch.bfloat16 if on_gpu else torch.float32
 
+    held_before = torch.cuda.memory_allocated() if on_gpu else 0  # for mem/engine_held_gib (step 5's comment)
     if args.backend == "vllm":
         if args.model == "tiny":
             raise SystemExit("--backend vllm needs a model folder (save the tiny model with sft.py first)")
@@ -321,6 +328,7 @@ def main():
         analyzer = VLLMBackend(args.analyzer_model, load_tokenizer(args.analyzer_model), max_model_len=args.analysis_max_len,
                                seed=args.seed, gpu_memory_utilization=args.gpu_memory_utilization) \
             if args.backend == "vllm" else HFBackend(load_model(args.analyzer_model, device=device), load_tokenizer(args.analyzer_model))
+    engine_held = torch.cuda.memory_allocated() - held_before if on_gpu else 0
     my_groups = list(range(rank, args.tasks_per_update, world))  # each rank plays its share of the groups
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks sharing this node's CPU cores
     n_workers = args.workers or max(1, min(len(my_groups) * args.group_size, (os.cpu_count() or 2) // local_world))
@@ -368,8 +376,11 @@ def main():
         t0 = time.perf_counter()
         skills = self_analysis(analyzer, tokenizer, episodes, args) if use_opd else [None] * len(episodes)
         if on_gpu:  # device memory with the engine awake (its weights + KV cache) and the trainer resident
-            mem["mem/device_used_gib_engine_awake"] = (lambda f, t: (t - f) / 2 ** 30)(*torch.cuda.mem_get_info())
+            mem["mem/device_used_gib_engine_awake"] = device_used_gib()
         engine.sleep()  # frees the engine's GPU memory for scoring and training
+        if on_gpu:  # the engine's share: what its sleep gave back; the trainer's peak is counted from here
+            mem["mem/engine_awake_gib"] = mem["mem/device_used_gib_engine_awake"] - device_used_gib()
+            torch.cuda.reset_peak_memory_stats()
         tm["analysis"] = time.perf_counter() - t0
 
         # -------------------------------------------------------------------------------------------
@@ -429,9 +440,17 @@ def main():
             optimizer.zero_grad(set_to_none=True)
         tm["train"] = time.perf_counter() - t0
         if on_gpu:
-            mem["mem/trainer_peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
-            mem["mem/device_used_gib_training"] = (lambda f, t: (t - f) / 2 ** 30)(*torch.cuda.mem_get_info())
-            torch.cuda.reset_peak_memory_stats()
+            # The trainer's own peak over steps 3-5 (scoring and training). vLLM's sleep unmaps the memory under the
+            # engine's weights and KV cache but keeps their tensors (vllm/device_allocator/cumem.py), so torch's
+            # allocator still counts them: max_memory_allocated() includes a sleeping engine. The H200 runs'
+            # 67-73 GiB "trainer peak" of a 0.5B policy fits that: the engine's 0.4 x 140 GiB plus the trainer's
+            # (and the peak was reset at the end of an update, so the next wake-up fell inside it). So the peak is
+            # reset once the engine sleeps (step 2), and what the engines hold in torch's allocator, measured
+            # around their creation, is taken off; the engine's own share on the device is mem/engine_awake_gib.
+            # (Not yet run on a GPU since: the CPU tests do not reach this.)
+            mem["mem/trainer_peak_gib"] = (torch.cuda.max_memory_allocated() - engine_held) / 2 ** 30
+            mem["mem/engine_held_gib"] = engine_held / 2 ** 30
+            mem["mem/device_used_gib_training"] = device_used_gib()
 
         # -------------------------------------------------------------------------------------------
         # 6. Log and save
