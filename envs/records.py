@@ -321,7 +321,7 @@ def check_resume(manifest_path, args, *, script, out, identity=None):
         for part in key.split("."):
             was = was.get(part) if isinstance(was, dict) else None
         if was is not None and was != value:
-            diff.append(f"{key} {str(was)[:16]}... then, {str(value)[:16]}... now")
+            diff.append(f"{key} {str(was)[:12]} then, {str(value)[:12]} now (other data)")
     if diff:
         sys.exit(f"{out} was written with other settings: {'; '.join(diff)}. Rerun with the same flags "
                  f"(these may change: {', '.join(_flag(k) for k in may if k in new) or 'none'}), "
