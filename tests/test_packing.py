@@ -5,6 +5,7 @@ import types
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from envs.backends import load_model
 from envs.training import _token_logprobs, gather_response, make_batch, packed_attention, response_select
@@ -127,3 +128,80 @@ def test_flex_attention_packed_forward_matches_padded(samples):
                                   position_ids=batch.get("position_ids"))
         out[attn] = torch.cat(gather_response(lp, batch, spans))
     torch.testing.assert_close(out["flex_attention"], out["sdpa"], rtol=RTOL, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# seed_rl.py's code path: micro-batch plan, log-probs, dense per-token tensors, the loss
+
+@pytest.fixture(scope="module")
+def group():
+    """A process group of one (in-process store: no port, no environment variables) for agreed_max."""
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_micro_batch_plans(group, monkeypatch):
+    import seed_rl
+    items, lengths = list("abcdefg"), [50, 10, 300, 20, 40, 200, 30]
+    # count mode: as before, sorted by length then split into nearly equal parts
+    assert seed_rl.plan_micro_batches(items, lengths, CPU, micro_batch=3) == [["b", "d", "g"], ["e", "a"], ["f", "c"]]
+    # token budget, packed: longest first, each micro-batch's summed length within the budget
+    plan = seed_rl.plan_micro_batches(items, lengths, CPU, micro_batch=3, max_tokens=320, packed=True)
+    assert plan == [["c"], ["f", "a", "e", "g"], ["d", "b"]]
+    # padded: rows x the longest row within the budget
+    plan = seed_rl.plan_micro_batches(items, lengths, CPU, micro_batch=3, max_tokens=320, packed=False)
+    assert plan == [["c"], ["f"], ["a", "e", "g", "d", "b"]]
+    # an item over the budget goes alone; every item appears once
+    plan = seed_rl.plan_micro_batches(items, lengths, CPU, micro_batch=3, max_tokens=100, packed=True)
+    assert sorted(x for g in plan for x in g) == sorted(items)
+    assert all(len(g) == 1 or sum(lengths[items.index(x)] for x in g) <= 100 for g in plan)
+    # another rank needs more micro-batches: this one runs empty ones (dummy forwards) to match
+    monkeypatch.setattr(seed_rl, "agreed_max", lambda x, device: x + 2)
+    plan = seed_rl.plan_micro_batches(items, lengths, CPU, micro_batch=3, max_tokens=320, packed=True)
+    assert plan[-2:] == [[], []] and len(plan) == 5
+
+
+def seed_rl_loss_and_grads(model, seqs, extras, packed, **plan):
+    """Step 5 of seed_rl.py's update on one mini-batch of this rank: the summed loss and the gradients."""
+    import seed_rl
+    model.zero_grad(set_to_none=True)
+    n_tok = sum(r for _, _, r in seqs)
+    n_teach = sum(r * e["tmask"] for (_, _, r), e in zip(seqs, extras))
+    total = 0.0
+    items = list(zip(seqs, extras))
+    for micro in seed_rl.plan_micro_batches(items, [len(s) for (s, _, _), _ in items], CPU, packed=packed, **plan):
+        lp, batch, sel = seed_rl.micro_batch_logprobs(model, [s for s, _ in micro] or [seed_rl.DUMMY], CPU, packed)
+        mask = sel.float() if micro else torch.zeros_like(sel, dtype=torch.float32)
+        per_tok = lambda key: seed_rl.dense([e[key] for _, e in micro], sel) if micro else torch.zeros_like(mask)
+        full = lambda key: seed_rl.dense([torch.full((r,), e[key]) for (_, _, r), e in micro], sel) if micro else mask
+        loss, _ = seed_rl.seed_loss(lp, per_tok("old"), per_tok("ref"), per_tok("teacher"), full("adv"), mask,
+                                    full("tmask"), n_tok, n_teach)
+        loss.backward()
+        total += float(loss.detach())
+    return total, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_seed_rl_loss_and_gradients_same_packed_padded_and_any_split(samples, group):
+    import seed_rl
+    torch.manual_seed(0)
+    seqs = list(samples)
+    extras = [dict(old=-10 - torch.rand(r), ref=-10 - torch.rand(r), teacher=-10 - torch.rand(r),
+                   adv=float(torch.randn(())), tmask=float(i % 2)) for i, (_, _, r) in enumerate(seqs)]
+    ref_loss, ref_g = seed_rl_loss_and_grads(tiny("sdpa"), seqs, extras, False, micro_batch=len(seqs))
+    model = tiny("seed_varlen")
+    for packed, plan in ((True, dict(micro_batch=len(seqs))), (True, dict(micro_batch=2)),
+                         (True, dict(micro_batch=2, max_tokens=150)), (False, dict(micro_batch=2)),
+                         (False, dict(micro_batch=2, max_tokens=200))):
+        loss, g = seed_rl_loss_and_grads(model, seqs, extras, packed, **plan)
+        assert loss == pytest.approx(ref_loss, rel=RTOL), (packed, plan)
+        assert_close_grads(ref_g, g)
+    # scoring (no grad): packed and padded, by count and by tokens, give the same old log-probs
+    padded = seed_rl.score(tiny("sdpa"), seqs, 2, CPU, False)
+    for packed, max_tokens in ((True, 0), (True, 120)):
+        got = seed_rl.score(model, seqs, 2, CPU, packed, max_tokens)
+        for a, b in zip(padded, got):
+            torch.testing.assert_close(b, a, rtol=RTOL, atol=0)
