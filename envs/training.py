@@ -214,6 +214,8 @@ def gather_response(values, batch, spans):
 # same-sequence condition into the causal mask. `sdpa` then materializes a dense [1, 1, N, N] boolean mask:
 # correct, but O(N^2) memory and compute over the whole pack (and no fused causal kernel); `flex_attention`
 # builds a block-sparse BlockMask from it (a document mask), so blocks across sequences are skipped.
+# Only without a KV cache: a direct model(...) call with the config's use_cache=True skips that detection
+# and attends across the sequences (`_token_logprobs` passes use_cache=False).
 # `flash_attention_2` reads the same boundaries as cu_seqlens (varlen kernel) but needs the flash-attn package.
 # 'seed_varlen' below is the varlen path with PyTorch's own flash kernel (torch.nn.attention.varlen), and
 # plain SDPA per sequence where that kernel does not run (CPU, fp32).
@@ -237,7 +239,8 @@ def _varlen_call():
         return None, {}
     params = inspect.signature(varlen_attn).parameters
     kw = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-    kw.update({k: v for k, v in (("enable_gqa", True),) if k in params})
+    if "enable_gqa" in params:
+        kw["enable_gqa"] = True
     return varlen_attn, kw
 
 
@@ -256,7 +259,7 @@ def _varlen_attention(module, query, key, value, attention_mask, scaling=None, d
         cu_seq_lens_q, max_length_q = bounds["cu_seq_lens_q"], bounds["max_length_q"]
     fn, kw = _varlen_call()
     if fn is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and dropout == 0.0:
-        q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [N, H, D]
+        q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # [N, H, D]
         if "enable_gqa" not in kw and k.shape[1] != q.shape[1]:  # older torch: one KV head per query head
             k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
         if scaling is not None and abs(scaling - q.shape[-1] ** -0.5) > 1e-6:
@@ -279,6 +282,7 @@ AttentionInterface.register("seed_varlen", _varlen_attention)
 AttentionMaskInterface.register("seed_varlen", _varlen_mask)
 
 
+@functools.cache
 def _varlen_works(device):
     """PyTorch's varlen flash kernel runs here and agrees with SDPA per sequence (forward and backward, bf16,
     GQA): two sequences of 5 and 3 tokens."""
