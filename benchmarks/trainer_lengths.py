@@ -26,7 +26,9 @@ optimizer step per mini-batch, activation checkpointing on as in seed_rl.py (--n
                        with a mask), chunked log-probs of the response tokens, SEED's loss, grad clip, AdamW (fused)
   packed:ATTN          the same micro-batches, each packed into one row, through attention ATTN (seed_varlen:
                        PyTorch's varlen flash kernel; flex_attention: transformers' document mask)
-  packed:ATTN:tokens   micro-batches filled up to --micro-tokens tokens instead (seed_rl.py --micro-tokens)
+  packed:ATTN:tokens   micro-batches filled up to --micro-tokens tokens instead (seed_rl.py --micro-tokens);
+                       :tokens=N a budget of N; :nockpt without activation checkpointing (a token budget bounds
+                       the activations: small micro-batches may fit without recomputing every layer)
 Reported per path: seconds per optimizer step, real tokens/s (prompt + response tokens, padding not counted),
 pad fraction (pad slots / slots computed), MFU of the real tokens (6 x parameters x real tokens / s / peak: no
 attention FLOPs, no recomputation), peak memory. --profile writes kernel tables (where the time goes).
@@ -62,7 +64,7 @@ p.add_argument("--micro-tokens", type=int, default=65536, help="token budget per
 p.add_argument("--hf-micro-batch", type=int, default=8, help="samples per forward of hf_padded")
 p.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True)
 p.add_argument("--paths", default=None, help="comma-separated; default: hf_padded, padded, packed:A for A = seed_rl.py's "
-               "choice (seed_varlen where it runs) and flex_attention, packed:A:tokens for the first")
+               "choice (seed_varlen where it runs) and flex_attention, packed:A:tokens, packed:A:tokens=16384:nockpt")
 # Measurement
 p.add_argument("--repeats", type=int, default=1, help="timed passes over the mini-batches, after one warm-up pass")
 p.add_argument("--peak-tflops", type=float, default=790.0, help="measured bf16 matmul rate of the H200 here")
@@ -193,6 +195,14 @@ def measure(name, step, pads):
     return out
 
 
+def save():
+    """The JSON so far: written after each path, so a time limit still leaves the paths measured before it."""
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
 results = {"config": args.config, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
            "torch": torch.__version__, "transformers": transformers.__version__, "lengths": source,
            "args": vars(args), "paths": {}}
@@ -202,7 +212,8 @@ if args.paths:
 else:
     auto = packed_attention(device, "on")  # seed_rl.py's choice on GPU (seed_varlen where the probe passes)
     attns = [auto] + (["flex_attention"] if on_gpu and auto != "flex_attention" else [])
-    paths = ["hf_padded", "padded"] + [f"packed:{a}" for a in attns] + [f"packed:{auto}:tokens"]
+    paths = ["hf_padded", "padded"] + [f"packed:{a}" for a in attns] + [f"packed:{auto}:tokens",
+                                                                        f"packed:{auto}:tokens=16384:nockpt"]
 results["packed_attention_auto"] = packed_attention(device, "auto")
 
 # ---- the project's step: FSDP2 (world size 1), fp32 master weights, bf16 compute, chunked log-probs, SEED loss
@@ -229,14 +240,21 @@ def project_step(mini, packed, **kw):
 
 
 for name in [x for x in paths if x != "hf_padded"]:
-    parts = name.split(":")
+    parts = name.split(":")  # padded | packed:ATTN, then the options tokens | tokens=N | nockpt
     packed, attn = parts[0] == "packed", parts[1] if parts[0] == "packed" else "sdpa"
-    kw = dict(micro_batch=args.micro_batch, max_tokens=args.micro_tokens if parts[-1] == "tokens" else 0)
+    opts = dict(o.partition("=")[::2] for o in parts[1 + packed:])
+    kw = dict(micro_batch=args.micro_batch,
+              max_tokens=int(opts["tokens"] or args.micro_tokens) if "tokens" in opts else 0)
+    if args.activation_checkpointing and "nockpt" not in opts:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
     model.set_attn_implementation(attn)
     pads = pad_fraction([plan(m, packed, **kw) for m in minis], packed)
     results["paths"][name] = dict(measure(name, lambda m: project_step(m, packed, **kw), pads),
                                   micro_batches=sum(len(plan(m, packed, **kw)) for m in minis))
     opt.zero_grad(set_to_none=True)
+    save()
 del model, opt
 peak_reset()
 
@@ -270,17 +288,14 @@ ok = {k: v for k, v in results["paths"].items() if "error" not in v}
 if "hf_padded" in ok:
     for k, v in ok.items():
         v["speedup_over_hf_padded"] = ok["hf_padded"]["s_per_step"] / v["s_per_step"]
-print(f"\n{'path':<28} {'s/step':>8} {'real tok/s':>11} {'pad':>6} {'MFU':>6} {'peak GiB':>9} {'x HF':>6}")
+print(f"\n{'path':<38} {'s/step':>8} {'real tok/s':>11} {'pad':>6} {'MFU':>6} {'peak GiB':>9} {'x HF':>6}")
 for k, v in results["paths"].items():
     if "error" in v:
-        print(f"{k:<28} {v['error'][:80]}")
+        print(f"{k:<38} {v['error'][:80]}")
         continue
-    print(f"{k:<28} {v['s_per_step']:>8.3f} {v['real_tokens_per_s']:>11.0f} {v['pad_fraction']:>6.1%} {v['mfu_real']:>6.1%} "
+    print(f"{k:<38} {v['s_per_step']:>8.3f} {v['real_tokens_per_s']:>11.0f} {v['pad_fraction']:>6.1%} {v['mfu_real']:>6.1%} "
           f"{v['peak_gib'] or float('nan'):>9.1f} {v.get('speedup_over_hf_padded', float('nan')):>6.2f}")
 print(f"({'synthetic' if source['synthetic'] else 'recorded'} lengths; MFU = 6 x {n_params / 1e9:.2f}B params x real "
       f"tokens / s / {args.peak_tflops:.0f} TFLOP/s)")
-if args.json:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=2)
+save()
 torch.distributed.destroy_process_group()
