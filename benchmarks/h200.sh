@@ -12,6 +12,10 @@
 #                                # own episodes) -> short SFT; then engine-vs-trainer log-prob agreement
 #   SFT_DATA=results/h200-2026-12-03/stage1/skills.sft.jsonl bash benchmarks/h200.sh SFT
 #                                # only S1's SFT, from an earlier run's annotated data (kept in the repo)
+#   bash benchmarks/h200.sh P    # trainer step on step-sample lengths (issue 20): plain HF padded vs the
+#                                # project's step padded and packed; the lengths B recorded ($RUN/seed/
+#                                # lengths.jsonl, or $LENGTHS) if present, else synthetic ALFWorld-shaped ones;
+#                                # PROFILE=1 adds kernel tables (one more pass per path)
 #   bash benchmarks/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
 #   bash benchmarks/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
 #
@@ -58,6 +62,13 @@ A|R)  # performance: trainer step (A only), rollout with each vLLM model runner
   done
   tar -czf "$OUT/$1.tar.gz" -C "$RUN" perf logs
   ;;
+P)  # trainer step on real (or synthetic) step-sample lengths, padded vs packed vs plain HF
+  mkdir -p "$RUN/perf"
+  L=${LENGTHS:-$RUN/seed/lengths.jsonl}
+  step trainer_lengths 290 $PY benchmarks/trainer_lengths.py $([ -f "$L" ] && echo --lengths "$L") \
+      ${PROFILE:+--profile "$RUN/perf/profile_lengths"} --json "$RUN/perf/trainer_lengths.json"
+  tar -czf "$OUT/P.tar.gz" -C "$RUN" perf logs $([ -f "$RUN/seed/lengths.jsonl" ] && echo seed/lengths.jsonl)
+  ;;
 SFT)  # S1's SFT alone, from $SFT_DATA
   sft 150 "${SFT_DATA:-$RUN/stage1/skills.sft.jsonl}"
   tar -czf "$OUT/SFT.tar.gz" -C "$RUN" stage1 logs
@@ -82,7 +93,8 @@ B|C)  # Stage 2 from the Stage 1 checkpoint: B = SEED, C = the same with --opd-c
   if [ "$1" = B ]; then NAME=seed; EXTRA=""; else NAME=grpo; EXTRA="--opd-coef 0"; fi
   step $NAME 420 $TORCHRUN seed_rl.py $COMMON --updates ${UPDATES:-3} $EXTRA --out "$RUN/$NAME"
   tar -czf "$OUT/$1.tar.gz" -C "$RUN" $NAME/metrics.jsonl $NAME/seed_manifest.json logs \
-      $([ -f "$RUN/$NAME/examples.jsonl" ] && echo $NAME/examples.jsonl)
+      $([ -f "$RUN/$NAME/examples.jsonl" ] && echo $NAME/examples.jsonl) \
+      $([ -f "$RUN/$NAME/lengths.jsonl" ] && echo $NAME/lengths.jsonl)
   ;;
-*) echo "usage: $0 A|R|S1|SFT|B|C"; exit 2 ;;
+*) echo "usage: $0 A|R|P|S1|SFT|B|C"; exit 2 ;;
 esac
