@@ -52,7 +52,8 @@ from envs.records import (append_jsonl, args_diff, check_resume, games_sha256, o
                           resumed_manifest, run_manifest, write_manifest)
 from envs.rollout import add_rollout_args, play_episodes, step_prompt
 from envs.training import (adamw_impl, full_params, gather_response, init_distributed, latest_checkpoint, make_batch,
-                           print0, response_select, save_checkpoint_dir, save_hf_checkpoint, shard_model)
+                           packed_attention, print0, response_select, save_checkpoint_dir, save_hf_checkpoint,
+                           shard_model)
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis
 
 # ====================================================================================================
@@ -140,6 +141,36 @@ def global_sum(values, device):
 DUMMY = ([0, 0], 1, 1)  # (ids, prompt_len, response_len): a 2-token stand-in for an empty micro-batch
 
 
+def plan_micro_batches(items, lengths, device, *, micro_batch, max_tokens=0, packed=False):
+    """This rank's items (with their token lengths) in micro-batches of similar lengths, the same number of
+    micro-batches on every rank (a rank with fewer gets empty ones, which run a dummy forward).
+      max_tokens = 0: about `micro_batch` items each (nearly equal counts)
+      max_tokens > 0: longest first, each filled up to max_tokens tokens as the forward computes them: the
+                      sum of the lengths when packed, rows x the longest when padded (an item longer than the
+                      budget goes alone). Memory is then bounded by the budget, not by the longest samples.
+    The loss of a micro-batch is its share of the mini-batch's global token-mean, so the split changes nothing
+    but the float summation order."""
+    order = sorted(range(len(items)), key=lambda i: lengths[i])  # similar lengths together: less padding
+    if max_tokens <= 0:
+        n = agreed_max(math.ceil(len(items) / micro_batch), device)
+        groups = split_even(order, max(n, 1))
+    else:
+        groups = []
+        for i in reversed(order):  # longest first
+            g = groups[-1] if groups else []
+            if packed:
+                tokens = sum(lengths[j] for j in g) + lengths[i]
+            else:  # rows x the longest row (the group's first)
+                tokens = (len(g) + 1) * lengths[g[0] if g else i]
+            if g and tokens <= max_tokens:
+                g.append(i)
+            else:
+                groups.append([i])
+        n = agreed_max(len(groups), device)
+        groups += [[] for _ in range(max(n, 1) - len(groups))]
+    return [[items[i] for i in g] for g in groups]
+
+
 def micro_batch_logprobs(model, seqs, device, packed, chunk_size=1024):
     """seqs: [(ids, prompt_len, response_len)]. Returns (lp [rows, T], batch, select); lp holds the log-prob
     of each response token at the position that predicts it, 0 elsewhere."""
@@ -151,13 +182,12 @@ def micro_batch_logprobs(model, seqs, device, packed, chunk_size=1024):
 
 
 @torch.no_grad()
-def score(model, seqs, micro_batch, device, packed):
+def score(model, seqs, micro_batch, device, packed, max_tokens=0):
     """Response-token log-probs of every sequence (list of 1-D CPU tensors), micro-batched with the same
     number of forwards on every rank (empty parts run a dummy)."""
-    n_micro = agreed_max(math.ceil(len(seqs) / micro_batch), device)
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))  # similar lengths together: less padding
     out = [None] * len(seqs)
-    for part in split_even(order, max(n_micro, 1)):
+    for part in plan_micro_batches(list(range(len(seqs))), [len(s[0]) for s in seqs], device,
+                                   micro_batch=micro_batch, max_tokens=max_tokens, packed=packed):
         chunk = [seqs[i] for i in part]
         lp, batch, _ = micro_batch_logprobs(model, chunk or [DUMMY], device, packed)
         for i, x in zip(part, gather_response(lp, batch, [(p, r) for _, p, r in chunk])):
@@ -169,6 +199,16 @@ def dense(values, sel, dtype=torch.float32):
     """Per-sequence response values (list of 1-D tensors) -> the [rows, T] layout of `sel`, 0 elsewhere."""
     flat = torch.cat(values).to(sel.device, dtype) if values else torch.zeros(0, device=sel.device)
     return torch.zeros(sel.shape, dtype=dtype, device=sel.device).masked_scatter(sel, flat)
+
+
+def record_lengths(f, update, samples):
+    """One line of lengths.jsonl per update (rank 0 writes, f=None elsewhere): the (prompt, response) token
+    lengths of every rank's step samples, {"update": 1, "samples": [[812, 64], ...]}, for
+    benchmarks/trainer_lengths.py. A resumed run cuts it to its checkpoint (load_checkpoint): one line per update."""
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, [[len(s["prompt_ids"]), len(s["response_ids"])] for s in samples])
+    if f is not None:
+        append_jsonl(f, {"update": update + 1, "samples": [x for g in gathered for x in g]})
 
 
 def sync_engine(engine, policy, dtype):
@@ -232,6 +272,13 @@ def parse_args():
                    help="linear lr warm-up over this fraction of the updates, then constant")
     g.add_argument("--mini-batch", type=int, default=paper["mini_batch"], help="step samples per optimizer step (all ranks)")
     g.add_argument("--micro-batch", type=int, default=paper["micro_batch"], help="step samples per forward (per rank)")
+    g.add_argument("--micro-tokens", type=int, default=0,
+                   help="token budget per forward (per rank) instead of --micro-batch samples: packed tokens, or "
+                        "rows x longest when padded; 0 = off")
+    g.add_argument("--packing", default="auto",
+                   help="padding-free micro-batches (envs/training.py packed_attention). auto: on GPU (flash-attn "
+                        "if installed, else PyTorch's varlen flash kernel, else FlexAttention), padded on CPU; on; "
+                        "off; or an attention name (seed_varlen, flex_attention, flash_attention_2)")
     g.add_argument("--clip-eps", type=float, default=paper["clip_eps"], help="PPO clip range")
     g.add_argument("--dual-clip", type=float, default=paper["dual_clip"], help="dual-clip constant c: a negative-"
                    "advantage token's loss is capped at -c*A (the paper's public code, verl's clip_ratio_c); 0: off, "
@@ -278,10 +325,12 @@ def main():
             args.backend = "hf"
     args.ref_model = args.ref_model or args.model
     use_opd = args.opd_coef > 0
-    packed = attn_implementation(device) == "flash_attention_2"  # padding-free micro-batches need FA2
+    packed_attn = packed_attention(device, args.packing)  # None: padded micro-batches
+    packed = packed_attn is not None
     os.makedirs(args.out, exist_ok=True)
     print0(f"seed_rl: env {env.NAME}, world {world}, device {device.type}, backend {args.backend}, "
-           f"{'packed (flash-attn 2)' if packed else 'padded (SDPA)'} micro-batches")
+           f"{f'packed ({packed_attn})' if packed else f'padded ({attn_implementation(device)})'} micro-batches of "
+           f"{f'{args.micro_tokens} tokens' if args.micro_tokens else f'{args.micro_batch} samples'}")
     print0("config: " + json.dumps(vars(args)))
     print0("differs from the paper: " + json.dumps(args_diff(args, paper)))
     if args.temperature != 1.0:
@@ -299,11 +348,11 @@ def main():
                                 out=args.out)  # every rank reads it: all refuse together, before any model loads
     if old_manifest:
         check_resumed_stream(old_manifest, stream, env, args)
-    policy = shard_model(load_model(args.model, device=device, seed=args.seed), device,
+    policy = shard_model(load_model(args.model, device=device, seed=args.seed, attn=packed_attn), device,
                          activation_checkpointing=args.activation_checkpointing)
     ref = None
     if args.kl_coef > 0:
-        ref = shard_model(load_model(args.ref_model, device=device, seed=args.seed,
+        ref = shard_model(load_model(args.ref_model, device=device, seed=args.seed, attn=packed_attn,
                                      dtype=torch.bfloat16 if on_gpu else torch.float32), device, train=False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.01,
                                   **adamw_impl(device))
@@ -343,6 +392,7 @@ def main():
                        resumed_manifest(old_manifest, manifest, update=start, world_size=world))
     metrics_f = open_jsonl_for_append(os.path.join(args.out, "metrics.jsonl")) if rank == 0 else None
     examples_f = open_jsonl_for_append(os.path.join(args.out, "examples.jsonl")) if rank == 0 else None
+    lengths_f = open_jsonl_for_append(os.path.join(args.out, "lengths.jsonl")) if rank == 0 else None
     warmup = math.ceil(args.warmup_ratio * args.updates)
 
     for update in range(start, args.updates):
@@ -391,9 +441,10 @@ def main():
         plain = [(s["prompt_ids"] + s["response_ids"], len(s["prompt_ids"]), len(s["response_ids"])) for s in samples]
         teach = [(s["teacher_ids"] + s["response_ids"], len(s["teacher_ids"]), len(s["response_ids"]))
                  for s in samples if "teacher_ids" in s]
-        lps = score(policy, plain + teach, args.micro_batch, device, packed)  # one batched pass, both contexts
+        record_lengths(lengths_f, update, samples)
+        lps = score(policy, plain + teach, args.micro_batch, device, packed, args.micro_tokens)  # both contexts
         old, tlp = lps[:len(plain)], iter(lps[len(plain):])
-        refs = score(ref, plain, args.micro_batch, device, packed) if ref is not None else old
+        refs = score(ref, plain, args.micro_batch, device, packed, args.micro_tokens) if ref is not None else old
         for s, o, r in zip(samples, old, refs):
             s["old_lp"], s["ref_lp"] = o, r
             s["teacher_lp"] = next(tlp) if "teacher_ids" in s else o  # masked out when there is no skill
@@ -414,7 +465,8 @@ def main():
         grad_norms, skipped = [], 0
         policy.train()
         for mini, n_tok, n_teach in plan_mini_batches(samples, args, update, device):
-            for micro in micro_batches(mini, args.micro_batch, device):
+            for micro in plan_micro_batches(mini, [len(s["prompt_ids"]) + len(s["response_ids"]) for s in mini], device,
+                                            micro_batch=args.micro_batch, max_tokens=args.micro_tokens, packed=packed):
                 seqs = [(s["prompt_ids"] + s["response_ids"], len(s["prompt_ids"]), len(s["response_ids"])) for s in micro]
                 lp, batch, sel = micro_batch_logprobs(policy, seqs or [DUMMY], device, packed)
                 t = per_token(micro, sel)  # old_lp, ref_lp, teacher_lp, adv, mask, teacher_mask: each [rows, T]
@@ -535,14 +587,6 @@ def plan_mini_batches(samples, args, update, device):
         yield part, n_tok, n_teach
 
 
-def micro_batches(part, micro_batch, device):
-    """A mini-batch's micro-batches: the same number on every rank (an empty one runs a dummy forward), similar
-    lengths together (less padding; the loss is a sum, so the order is free)."""
-    n_micro = agreed_max(math.ceil(len(part) / micro_batch), device)
-    part = sorted(part, key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
-    return split_even(part, max(n_micro, 1))
-
-
 def per_token(micro, sel):
     """The loss's per-token inputs of a micro-batch in the [rows, T] layout of `sel` (0 off the responses)."""
     if not micro:  # a dummy micro-batch: every mask 0, so it adds nothing but keeps the ranks in step
@@ -645,8 +689,8 @@ def check_resumed_stream(old_manifest, stream, env, args):
 
 def load_checkpoint(policy, optimizer, args, rank):
     """Weights + optimizer of the last complete trainer checkpoint (`checkpoint`, or `checkpoint.old` after a
-    kill between the two renames of a save), and metrics.jsonl and examples.jsonl cut to its update, so that
-    the updates after it, played again, are written once. Returns the number of updates done (0 without a
+    kill between the two renames of a save), and metrics.jsonl, examples.jsonl and lengths.jsonl cut to its
+    update, so that the updates after it, played again, are written once. Returns the number of updates done (0 without a
     checkpoint)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -658,7 +702,7 @@ def load_checkpoint(policy, optimizer, args, rank):
         dcp.load(sd, checkpoint_id=folder)
         set_state_dict(policy, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
     if rank == 0:  # one line per update: what is past the checkpoint is recomputed
-        for name in ("metrics.jsonl", "examples.jsonl"):
+        for name in ("metrics.jsonl", "examples.jsonl", "lengths.jsonl"):
             path = os.path.join(args.out, name)
             rows = [r for r in read_jsonl(path) if r["update"] <= start]
             if name == "metrics.jsonl" and state and state.get("metrics") and \

@@ -44,8 +44,8 @@ from envs import HelpFormatter, add_env_arg, env_from_argv, load_env, require_po
 from envs.models import load_model, load_tokenizer
 from envs.records import (append_jsonl, args_diff, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
                           run_manifest, sha256_file, write_manifest)
-from envs.training import (adamw_impl, init_distributed, latest_checkpoint, make_batch, print0, response_select,
-                           save_checkpoint_dir, save_hf_checkpoint, shard_model)
+from envs.training import (adamw_impl, init_distributed, latest_checkpoint, make_batch, packed_attention, print0,
+                           response_select, save_checkpoint_dir, save_hf_checkpoint, shard_model)
 from prompts.chat import sft_example
 
 def data_env(argv):
@@ -87,8 +87,8 @@ p.add_argument("--warmup-ratio", type=float, default=0.1,
 p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
 p.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
 p.add_argument("--packing", default="auto", choices=["auto", "on", "off"],
-               help="padding-free micro-batches; auto = when flash-attention 2 is in use (with SDPA, transformers "
-               "builds a block-diagonal mask from position_ids: correct, but no faster than padding)")
+               help="padding-free micro-batches (envs/training.py packed_attention); auto = on GPU (flash-attn, "
+               "else PyTorch's varlen flash kernel, else FlexAttention), padded on CPU")
 p.add_argument("--activation-checkpointing", action="store_true",
                help="recompute each decoder layer in backward (less memory)")
 p.add_argument("--save-every", type=int, default=50, help="trainer checkpoint every N steps (and at each epoch end)")
@@ -198,10 +198,11 @@ def lr_at(step):
 
 # ---------------------------------------------------------------------------------------------------
 # Model: fp32 master weights, FSDP2 per decoder layer then the root (bf16 compute on GPU), AdamW
-model = load_model(args.model, dtype=torch.float32, device=device, seed=args.seed)
+# padding-free micro-batches need an attention that reads the sequence boundaries (as in seed_rl.py)
+packed_attn = packed_attention(device, args.packing)  # None: padded
+packed = packed_attn is not None
+model = load_model(args.model, dtype=torch.float32, device=device, seed=args.seed, attn=packed_attn)
 attn = model.config._attn_implementation
-# padding-free micro-batches pay off with flash-attention's varlen kernels (no [T, T] mask, no pad tokens)
-packed = attn == "flash_attention_2" if args.packing == "auto" else args.packing == "on"
 model = shard_model(model, device, activation_checkpointing=args.activation_checkpointing)
 model.train()
 # betas (0.9, 0.95), weight decay 0.01 on every parameter: verl's SFT defaults (the paper states neither)

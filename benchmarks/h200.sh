@@ -12,8 +12,15 @@
 #                                # own episodes) -> short SFT; then engine-vs-trainer log-prob agreement
 #   SFT_DATA=results/h200-2026-12-03/stage1/skills.sft.jsonl bash benchmarks/h200.sh SFT
 #                                # only S1's SFT, from an earlier run's annotated data (kept in the repo)
+#   bash benchmarks/h200.sh P    # trainer step on step-sample lengths (issue 20): plain HF padded vs the
+#                                # project's step padded and packed; the lengths B recorded ($RUN/seed/
+#                                # lengths.jsonl, or $LENGTHS) if present, else synthetic ALFWorld-shaped ones;
+#                                # PROFILE=1 adds kernel tables (one more pass per path)
 #   bash benchmarks/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
 #   bash benchmarks/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
+#   bash benchmarks/h200.sh Q    # Search (issue 16): the project's BM25 retriever over the shared corpus
+#                                # ($SEARCH_DATA), the 0.5B model's EM on the 100 validation questions before
+#                                # and after a few SEED updates on the train questions; retriever share of time
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part.
@@ -58,6 +65,13 @@ A|R)  # performance: trainer step (A only), rollout with each vLLM model runner
   done
   tar -czf "$OUT/$1.tar.gz" -C "$RUN" perf logs
   ;;
+P)  # trainer step on real (or synthetic) step-sample lengths, padded vs packed vs plain HF
+  mkdir -p "$RUN/perf"
+  L=${LENGTHS:-$RUN/seed/lengths.jsonl}
+  step trainer_lengths 290 $PY benchmarks/trainer_lengths.py $([ -f "$L" ] && echo --lengths "$L") \
+      ${PROFILE:+--profile "$RUN/perf/profile_lengths"} --json "$RUN/perf/trainer_lengths.json"
+  tar -czf "$OUT/P.tar.gz" -C "$RUN" perf logs $([ -f "$RUN/seed/lengths.jsonl" ] && echo seed/lengths.jsonl)
+  ;;
 SFT)  # S1's SFT alone, from $SFT_DATA
   sft 150 "${SFT_DATA:-$RUN/stage1/skills.sft.jsonl}"
   tar -czf "$OUT/SFT.tar.gz" -C "$RUN" stage1 logs
@@ -82,7 +96,26 @@ B|C)  # Stage 2 from the Stage 1 checkpoint: B = SEED, C = the same with --opd-c
   if [ "$1" = B ]; then NAME=seed; EXTRA=""; else NAME=grpo; EXTRA="--opd-coef 0"; fi
   step $NAME 420 $TORCHRUN seed_rl.py $COMMON --updates ${UPDATES:-3} $EXTRA --out "$RUN/$NAME"
   tar -czf "$OUT/$1.tar.gz" -C "$RUN" $NAME/metrics.jsonl $NAME/seed_manifest.json logs \
-      $([ -f "$RUN/$NAME/examples.jsonl" ] && echo $NAME/examples.jsonl)
+      $([ -f "$RUN/$NAME/examples.jsonl" ] && echo $NAME/examples.jsonl) \
+      $([ -f "$RUN/$NAME/lengths.jsonl" ] && echo $NAME/lengths.jsonl)
   ;;
-*) echo "usage: $0 A|R|S1|SFT|B|C"; exit 2 ;;
+Q)  # Search: retriever server, EM before, SEED updates, EM after (validation questions, plain prompt)
+  SD=${SEARCH_DATA:-${SHARED:-../shared}/search}; mkdir -p "$RUN/search"
+  $PY -m envs.retriever --corpus "$SD/corpus.jsonl.xz" --port 8000 --log-file "$RUN/logs/retriever.log" \
+      > "$RUN/logs/retriever.out" 2>&1 &
+  RETR=$!
+  for i in $(seq 60); do curl -sf http://127.0.0.1:8000/health > /dev/null && break; sleep 1; done
+  EV="--env search --splits val --backend vllm --gpu-memory-utilization 0.5 --workers 16"
+  step search_eval0 150 $PY evaluate.py $EV --model "$M" --out "$RUN/search/eval0"
+  step search_seed 330 $TORCHRUN seed_rl.py --env search --model "$M" --tasks-per-update ${TASKS:-16} \
+      --group-size 8 --updates ${UPDATES:-4} --lr ${LR:-1e-5} --workers 16 --save-every 100 --dump-examples 8 \
+      --out "$RUN/search/seed"
+  F=$RUN/search/seed/hf/final; [ -f "$F/config.json" ] || F=$M
+  step search_eval1 150 $PY evaluate.py $EV --model "$F" --out "$RUN/search/eval1"
+  kill $RETR 2>/dev/null
+  for d in eval0 eval1; do rm -f "$RUN/search/$d/trajectories.jsonl.gz"; gzip -f "$RUN/search/$d/trajectories.jsonl" 2>/dev/null; done
+  tar -czf "$OUT/Q.tar.gz" -C "$RUN" search/eval0 search/eval1 search/seed/metrics.jsonl search/seed/examples.jsonl \
+      search/seed/seed_manifest.json search/seed/lengths.jsonl logs
+  ;;
+*) echo "usage: $0 A|R|P|S1|SFT|B|C|Q"; exit 2 ;;
 esac

@@ -106,17 +106,20 @@ def attn_implementation(device):
             pass
     return "sdpa"
 
-def load_model(model, *, dtype=torch.float32, device="cpu", seed=0):
-    """`tiny` -> a random tiny Qwen2 (seeded); otherwise from_pretrained(path or hub id)."""
+def load_model(model, *, dtype=torch.float32, device="cpu", seed=0, attn=None):
+    """`tiny` -> a random tiny Qwen2 (seeded); otherwise from_pretrained(path or hub id). attn: the attention
+    implementation (default: `attn_implementation`; the tiny model: sdpa); trainers pass the packed one
+    (envs/training.py `packed_attention`)."""
     from transformers import AutoModelForCausalLM
     device = torch.device(device)
     if model == "tiny":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            m = AutoModelForCausalLM.from_config(tiny_config(), attn_implementation="sdpa", dtype=dtype)
+            m = AutoModelForCausalLM.from_config(tiny_config(), attn_implementation=attn or "sdpa", dtype=dtype)
         return m.to(device)
     return from_pretrained(AutoModelForCausalLM, check_model(model), dtype=dtype,
-                           attn_implementation=attn_implementation(device)).to(device)
+                           attn_implementation=attn or attn_implementation(device)).to(device)
+
 
 def clean_param_name(name):
     """Parameter names as the HF checkpoint has them: drop wrapper prefixes (activation checkpointing,

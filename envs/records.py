@@ -287,6 +287,8 @@ RESUME_MAY_CHANGE = {
                    "workers": "env worker processes", "gpu_memory_utilization": "vLLM's share of the GPU",
                    "micro_batch": "forwards per mini-batch (the loss is a global token-mean: the same up to "
                                   "float rounding)",
+                   "micro_tokens": "the same, by a token budget", "packing": "padded or packed micro-batches "
+                                                                             "(the same loss)",
                    "activation_checkpointing": "memory, not results"},
 }
 
