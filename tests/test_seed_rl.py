@@ -71,6 +71,7 @@ def test_two_processes_match_one_process(one_process, tmp_path):
     assert close(m1[1], m2[1], rel=1e-3, abs_=1e-6)
 
 
+@pytest.mark.slow  # ~65 s on 2 idle cores: the killed run plays 2 updates, the resumed one 1
 def test_kill_mid_save_then_resume_matches_uninterrupted(one_process, tmp_path):
     """SIGKILL inside update 2's checkpoint save, at the step that used to leave no checkpoint at all: the old
     one renamed away, the new one not yet in place ($SEED_KILL_AT, envs/training.py kill_point). The same
