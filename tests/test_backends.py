@@ -196,3 +196,35 @@ def test_hf_samples_do_not_depend_on_which_requests_share_a_call(tokenizer):
     assert run([[0], [1], [2], [3]]) == together
     assert run([[2, 0], [3, 1]], extra=True) == together
 
+
+def test_the_rollout_loop_drives_the_engine_request_by_request(fake_vllm, tokenizer):
+    """play_episodes through VLLMBackend on the stand-in engine and fake games (tests/fake_games.py): every
+    step of every episode is one add_request with its own seed, submitted while other requests are running;
+    each self-analysis goes to the same engine, greedy, with its own token limit and no log-probs; the
+    responses recorded are the engine's."""
+    import envs.alfworld as alfworld
+    from envs.pool import EnvPool
+    from envs.rollout import play_episodes, sample_seed
+
+    eng = VLLMBackend("some/model", tokenizer, max_model_len=4096, want_logprobs=True)
+    specs = [dict(uid=f"e{i}", name=f"r{i}", seed=4, delay=0.05 * i) for i in range(3)]
+    with EnvPool("tests.fake_games:make_game", num_workers=2) as pool:
+        eps, tm = play_episodes(alfworld, specs, pool, eng, tokenizer, max_steps=3, max_new_tokens=8,
+                                temperature=1.0, analyzer=eng, analysis_prompt=lambda ep: [7, 7, 7],
+                                analysis_max_new_tokens=64)
+    core = eng.llm.llm_engine
+    rollout = {rid: (p, sp) for rid, p, sp in core.added if not rid.endswith("/analysis")}
+    analysis = [(rid, sp) for rid, _, sp in core.added if rid.endswith("/analysis")]
+    assert len(rollout) == 9 and len(analysis) == 3 and eng.in_flight() == 0
+    for i, ep in enumerate(eps):
+        assert ep["length"] == 3 and ep["analysis"] is not None
+        for t, s in enumerate(ep["steps"]):
+            prompt, sp = rollout[f"{i}/{t}"]
+            assert prompt["prompt_token_ids"] == s["prompt_ids"]
+            assert sp.seed == sample_seed(4, f"e{i}", t) % 2 ** 31 and sp.max_tokens == 8 and sp.logprobs == 0
+            assert s["response_ids"][:1] == [100 + [rid for rid, _, _ in core.added].index(f"{i}/{t}")]
+            assert len(s["response_logprobs"]) == len(s["response_ids"])
+    assert all((sp.temperature, sp.max_tokens, sp.logprobs) == (0.0, 64, None) for _, sp in analysis)
+    # continuous batching: requests joined while others were running
+    assert any(steps > 0 and running > 0 for steps, running in core.joins)
+    assert tm["busy_gpu"] > 0 and tm["generate"] > 0
