@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from conftest import REPO, run_script
+from conftest import REPO, interrupt, run_script
 from envs.alfworld import TASK_TYPES, TYPE_ORDER, list_games, task_id_of, walkthrough
 from envs.records import games_sha256, read_jsonl
 
@@ -251,3 +251,21 @@ def test_data_manifest(tmp_path):
     assert m1["stage1"]["sha256"] != s1["sha256"] and m1["rl_stream"]["sha256"] != rl["sha256"]
     assert m1["stage1"]["per_type"] == s1["per_type"] and m1["rl_stream"]["count"] == 2400
     assert set(m1["stage1"]["task_ids"]) != set(s1["task_ids"])
+
+
+def test_ctrl_c_saves_every_finished_episode_and_says_how_to_resume(tmp_path):
+    """As collect.py: each episode is written when it ends; Ctrl-C keeps them and prints one line."""
+    out = tmp_path / "eval"
+    traj = out / "trajectories.jsonl"
+    args = ["evaluate.py", "--model", "expert", "--splits", "valid_seen", "--limit", "6", "--workers", "2",
+            "--out", str(out)]
+    code, stdout, stderr = interrupt(args, str(traj), lines=1)
+    saved = len(read_jsonl(traj))
+    assert code == 130 and 1 <= saved < 6, (code, saved, stderr[-2000:])
+    assert "Traceback" not in stderr + stdout and "KeyboardInterrupt" not in stderr + stdout
+    assert stderr.strip().splitlines()[-1] == (f"interrupted: {saved} of 6 episodes are saved in {traj} ({saved} "
+                                               "by this run); rerun the same command to resume")
+    res = run_script(args)
+    assert f"{saved} already in {traj}, {6 - saved} to play" in res.stdout
+    assert sorted(e["uid"] for e in read_jsonl(traj)) == sorted(set(e["uid"] for e in read_jsonl(traj)))
+    assert len(read_jsonl(traj)) == 6
