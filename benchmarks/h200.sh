@@ -18,6 +18,10 @@
 #                                # PROFILE=1 adds kernel tables (one more pass per path)
 #   bash benchmarks/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
 #   bash benchmarks/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
+#   bash benchmarks/h200.sh AS   # issue 19: the rollout in lockstep vs per episode (2 x 8 and 16 x 8 episodes,
+#                                # 30 steps), then seed_rl.py's update with the self-analysis overlapped (SEED,
+#                                # GRPO, SEED --lockstep; 2 updates each) within BUDGET s (default 480);
+#                                # $OUT/rollout_async.json (benchmarks/rollout_async.py)
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part.
@@ -96,5 +100,13 @@ B|C)  # Stage 2 from the Stage 1 checkpoint: B = SEED, C = the same with --opd-c
       $([ -f "$RUN/$NAME/examples.jsonl" ] && echo $NAME/examples.jsonl) \
       $([ -f "$RUN/$NAME/lengths.jsonl" ] && echo $NAME/lengths.jsonl)
   ;;
-*) echo "usage: $0 A|R|P|S1|SFT|B|C"; exit 2 ;;
+AS)  # lockstep vs per-episode rollout, and the update with the analysis overlapped (from $INIT if S1 ran)
+  INIT=$RUN/sft; [ -f "$INIT/config.json" ] || INIT=$M
+  mkdir -p "$RUN/async"
+  step rollout_async $(( ${BUDGET:-480} + 60 )) $PY benchmarks/rollout_async.py --model "$INIT" --work "$RUN/async" \
+      --budget "${BUDGET:-480}" --json "$RUN/async/rollout_async.json"
+  cp "$RUN/async/rollout_async.json" "$OUT/" 2>/dev/null
+  tar -czf "$OUT/AS.tar.gz" -C "$RUN" logs $(cd "$RUN" && ls -d async/*.log async/*.json async/*/metrics.jsonl 2>/dev/null)
+  ;;
+*) echo "usage: $0 A|R|P|S1|SFT|B|C|AS"; exit 2 ;;
 esac
