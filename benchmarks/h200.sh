@@ -22,6 +22,9 @@
 #                                # 30 steps), then seed_rl.py's update with the self-analysis overlapped (SEED,
 #                                # GRPO, SEED --lockstep; 2 updates each) within BUDGET s (default 480);
 #                                # $OUT/rollout_async.json (benchmarks/rollout_async.py)
+#   bash benchmarks/h200.sh Q    # Search (issue 16): the project's BM25 retriever over the shared corpus
+#                                # ($SEARCH_DATA), the 0.5B model's EM on the 100 validation questions before
+#                                # and after a few SEED updates on the train questions; retriever share of time
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part.
@@ -108,5 +111,23 @@ AS)  # lockstep vs per-episode rollout, and the update with the analysis overlap
   cp "$RUN/async/rollout_async.json" "$OUT/" 2>/dev/null
   tar -czf "$OUT/AS.tar.gz" -C "$RUN" logs $(cd "$RUN" && ls -d async/*.log async/*.json async/*/metrics.jsonl 2>/dev/null)
   ;;
-*) echo "usage: $0 A|R|P|S1|SFT|B|C|AS"; exit 2 ;;
+Q)  # Search: retriever server, EM before, SEED updates, EM after (validation questions, plain prompt)
+  SD=${SEARCH_DATA:-${SHARED:-../shared}/search}; mkdir -p "$RUN/search"
+  $PY -m envs.retriever --corpus "$SD/corpus.jsonl.xz" --port 8000 --log-file "$RUN/logs/retriever.log" \
+      > "$RUN/logs/retriever.out" 2>&1 &
+  RETR=$!
+  for i in $(seq 60); do curl -sf http://127.0.0.1:8000/health > /dev/null && break; sleep 1; done
+  EV="--env search --splits val --backend vllm --gpu-memory-utilization 0.5 --workers 16"
+  step search_eval0 150 $PY evaluate.py $EV --model "$M" --out "$RUN/search/eval0"
+  step search_seed 330 $TORCHRUN seed_rl.py --env search --model "$M" --tasks-per-update ${TASKS:-16} \
+      --group-size 8 --updates ${UPDATES:-4} --lr ${LR:-1e-5} --workers 16 --save-every 100 --dump-examples 8 \
+      --out "$RUN/search/seed"
+  F=$RUN/search/seed/hf/final; [ -f "$F/config.json" ] || F=$M
+  step search_eval1 150 $PY evaluate.py $EV --model "$F" --out "$RUN/search/eval1"
+  kill $RETR 2>/dev/null
+  for d in eval0 eval1; do rm -f "$RUN/search/$d/trajectories.jsonl.gz"; gzip -f "$RUN/search/$d/trajectories.jsonl" 2>/dev/null; done
+  tar -czf "$OUT/Q.tar.gz" -C "$RUN" search/eval0 search/eval1 search/seed/metrics.jsonl search/seed/examples.jsonl \
+      search/seed/seed_manifest.json search/seed/lengths.jsonl logs
+  ;;
+*) echo "usage: $0 A|R|P|S1|SFT|B|C|Q|AS"; exit 2 ;;
 esac
