@@ -18,6 +18,9 @@
 #                                # PROFILE=1 adds kernel tables (one more pass per path)
 #   bash benchmarks/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
 #   bash benchmarks/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
+#   bash benchmarks/h200.sh Q    # Search (issue 16): the project's BM25 retriever over the shared corpus
+#                                # ($SEARCH_DATA), the 0.5B model's EM on the 100 validation questions before
+#                                # and after a few SEED updates on the train questions; retriever share of time
 #   bash benchmarks/h200.sh L    # the learning benchmark (issue 21, benchmarks/learning.py): SEED and GRPO
 #                                # from the same start, matched seeds, 10 updates of 2 x 8 episodes, 15 steps,
 #                                # lr 1e-5, each end policy evaluated on held-out games (plain prompt); one
@@ -45,6 +48,8 @@
 # attempts.jsonl, the driver's summary). With ~26 minutes of device time after staging, three calls of L back
 # to back give ~4 runs (SEED and GRPO of seeds 0 and 1); 6 runs take two such sessions.
 #
+# Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
+# to $OUT (the device tool brings that folder back) as one tarball per part.
 set -u
 RUN=${RUN:-/tmp/seed-run}
 OUT=${OUT:-$RUN/out}
@@ -120,6 +125,24 @@ B|C)  # Stage 2 from the Stage 1 checkpoint: B = SEED, C = the same with --opd-c
       $([ -f "$RUN/$NAME/examples.jsonl" ] && echo $NAME/examples.jsonl) \
       $([ -f "$RUN/$NAME/lengths.jsonl" ] && echo $NAME/lengths.jsonl)
   ;;
+Q)  # Search: retriever server, EM before, SEED updates, EM after (validation questions, plain prompt)
+  SD=${SEARCH_DATA:-${SHARED:-../shared}/search}; mkdir -p "$RUN/search"
+  $PY -m envs.retriever --corpus "$SD/corpus.jsonl.xz" --port 8000 --log-file "$RUN/logs/retriever.log" \
+      > "$RUN/logs/retriever.out" 2>&1 &
+  RETR=$!
+  for i in $(seq 60); do curl -sf http://127.0.0.1:8000/health > /dev/null && break; sleep 1; done
+  EV="--env search --splits val --backend vllm --gpu-memory-utilization 0.5 --workers 16"
+  step search_eval0 150 $PY evaluate.py $EV --model "$M" --out "$RUN/search/eval0"
+  step search_seed 330 $TORCHRUN seed_rl.py --env search --model "$M" --tasks-per-update ${TASKS:-16} \
+      --group-size 8 --updates ${UPDATES:-4} --lr ${LR:-1e-5} --workers 16 --save-every 100 --dump-examples 8 \
+      --out "$RUN/search/seed"
+  F=$RUN/search/seed/hf/final; [ -f "$F/config.json" ] || F=$M
+  step search_eval1 150 $PY evaluate.py $EV --model "$F" --out "$RUN/search/eval1"
+  kill $RETR 2>/dev/null
+  for d in eval0 eval1; do rm -f "$RUN/search/$d/trajectories.jsonl.gz"; gzip -f "$RUN/search/$d/trajectories.jsonl" 2>/dev/null; done
+  tar -czf "$OUT/Q.tar.gz" -C "$RUN" search/eval0 search/eval1 search/seed/metrics.jsonl search/seed/examples.jsonl \
+      search/seed/seed_manifest.json search/seed/lengths.jsonl logs
+  ;;
 L)  # the learning benchmark: see the header for the knobs and the sizing
   START_MODEL=$M
   if [ "${START:-base}" = sft ]; then
@@ -128,7 +151,7 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
   fi
   LEFT=$(( ${BUDGET:-480} - SECONDS ))  # what this call has left for the driver
   step learning $((LEFT + 60)) $PY benchmarks/learning.py --model "$START_MODEL" --env alfworld \
-      --methods "${METHODS:-seed,grpo}" --seeds "${SEEDS:-0}" --lanes "${LANES:-2}" --updates "${UPDATES:-10}" \
+      --methods "${METHODS:-seed,grpo}" --seeds "${SEEDS:-0 1 2}" --lanes "${LANES:-2}" --updates "${UPDATES:-10}" \
       --tasks-per-update "${TASKS:-2}" --group-size 8 --max-steps 15 --lr 1e-5 --eval-limit "${EVAL_LIMIT:-12}" \
       --deadline-s "$LEFT" --scratch "$RUN/learning" --python "$PY" --seed-rl-args="--packing ${PACKING:-off}" \
       $([ "${DETACH:-1}" = 1 ] && echo --detach)
@@ -137,5 +160,5 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
   (cd "$RUN" && find learning -maxdepth 3 -not -path 'learning/start-*' \( -name '*.log' -o -name '*.json' \
       -o -name metrics.jsonl -o -name examples.jsonl -o -name results.md \) -print | tar -czf "$OUT/L.tar.gz" -T - logs)
   ;;
-*) echo "usage: $0 A|R|P|S1|SFT|B|C|L"; exit 2 ;;
+*) echo "usage: $0 A|R|P|S1|SFT|B|C|Q|L"; exit 2 ;;
 esac

@@ -107,10 +107,11 @@ def test_expert_records_and_rewards(expert_run, tokenizer):
             # the record rebuilds its own prompt exactly (what Stage 2 does to insert a skill)
             text, ids = chat_prompt(tokenizer, step_prompt(ep, t, s["history_used"]))
             assert text == s["prompt"] and ids == s["prompt_ids"]
-            # ... and its skill-augmented twin differs by exactly the block, after the task line (step 1:
-            # before the closing instruction, although the first observation holds "Your task is to:")
+            # ... and its skill-augmented twin differs by exactly the block, after the task line (step 1: the
+            # first observation's own "Your task is to: ..." line, as the public code inserts it)
             plain, teach = step_prompt(ep, t, s["history_used"]), step_prompt(ep, t, s["history_used"], SKILL)
-            at = plain.index(CLOSING) if t == 0 else plain.index("\n") + 1
+            task_line = f"Your task is to: {ep['task'][:-1]}"
+            at = plain.index("\n", plain.index(task_line)) + 1 if t == 0 else plain.index("\n") + 1
             assert teach == plain[:at] + skill_block(SKILL) + plain[at:]
             assert t == 0 or plain[:at] == f"{ROLE} Your task is to: {ep['task']}\n"
             assert tokenizer.decode(s["response_ids"], skip_special_tokens=True) == s["response"]
