@@ -671,3 +671,18 @@ def test_seed_rl_two_updates_tiny(real_server, tmp_path):
         assert r["rollout/episodes"] == 4 and r["opd/teacher_coverage"] == 1.0 and r["skill/parse_rate"] == 1.0
         assert r["loss/opd"] != 0.0 and r["tokens/response"] == 4 * 2 * 8  # random tokens: every step cut at 8
         assert r["rollout/invalid_rate"] == 1.0  # a random model writes no <search>/<answer> block
+
+
+def test_seed_rl_two_processes_match_one_process(real_server, tmp_path):
+    """2 ranks (gloo) play 1 group each; the losses equal the 1-process run's (global token-means)."""
+    from conftest import run_script
+    flags = ["seed_rl.py", "--env", "search", "--model", "tiny", "--updates", "1", "--tasks-per-update", "2",
+             "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "8", "--analyzer-model", "scripted",
+             "--save-every", "100", "--workers", "1", "--retriever-url", real_server]
+    run_script([*flags, "--out", str(tmp_path / "one")], timeout=600)
+    run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *flags,
+                "--out", str(tmp_path / "two")], timeout=600)
+    one, two = (json.loads((tmp_path / d / "metrics.jsonl").read_text().splitlines()[0]) for d in ("one", "two"))
+    assert two["rollout/episodes"] == 4
+    for k in ("loss/pg", "loss/kl", "loss/opd", "loss/total", "opd/gate_mean", "tokens/response", "grad_norm"):
+        assert two[k] == pytest.approx(one[k], rel=1e-4, abs=1e-7), k
