@@ -37,16 +37,17 @@
 #                   DETACH=0: only jobs that the estimates say end before the deadline are started, and what
 #                   has not ended by then is killed (no record; attempts.jsonl says so)
 #   START=sft       start from $RUN/sft (made here first from $SFT_DATA if missing, ~80 s) instead of the base
-#   UPDATES=10 TASKS=2 EVAL_LIMIT=12 PACKING=off (seed_rl.py --packing: off = the padded path of 12-03)
-# Sizing, from the 12-03 logs (results/h200-2026-12-03/logs; 30 steps there, 15 here): start-up ~90 s (vLLM's
-# engine 42 s of it), per update ~25 s GRPO / ~33 s SEED (the issue saw 20-35 s at 15 steps; 12-03 had 51-60 /
-# 64-75 s at 30 steps), final checkpoint ~20 s, end evaluation ~60 s (24 games), the start evaluation once
-# ~75 s (then cached in results/learning/evals.jsonl). One run alone: GRPO ~7 min, SEED ~8 min, against the
-# ~7.7 min a call leaves the driver: a SEED run with its start-up and evaluation does not fit one call, hence
-# DETACH=1 (with the bundle install in the same call, lower BUDGET by its time, ~100 s: BUDGET=380). Two side
-# by side: ~10-11 min if sharing the GPU slows each update 1.3x (not measured yet; the first pair measures it:
-# attempts.jsonl, the driver's summary). With ~26 minutes of device time after staging, three calls of L back
-# to back give ~4 runs (SEED and GRPO of seeds 0 and 1); 6 runs take two such sessions.
+#   UPDATES=10 TASKS=2 EVAL_LIMIT=12; PACKING=off|auto|... (seed_rl.py --packing; unset: its default, auto)
+# Sizing, from the H200 logs: the fourth session's SEED update on this code (results/h200-2026-12-03-s4: 47.4 s
+# at 30 steps with packed micro-batches, the one-update run 180 s in all, vLLM's engine start 41 s) and 12-03's
+# (GRPO 51-60 s per update at 30 steps); the issue saw 20-35 s per update at 15 steps. So per update ~26 s
+# (SEED) / ~23 s (GRPO), start-up ~100 s, final checkpoint ~30 s, end evaluation ~75 s (24 games), the start
+# evaluation once ~75 s (then kept in results/learning/evals.jsonl). One run alone ~7.5 min, against the
+# ~7.7 min a call leaves the driver: a run does not reliably fit one call, hence DETACH=1 (with the bundle
+# install in the same call, lower BUDGET by its time, ~100 s: BUDGET=380). Two side by side: ~9.5 min if
+# sharing the GPU slows each update 1.3x, ~8.3 min at 1.1x (not measured yet; the first pair measures it:
+# attempts.jsonl, the driver's summary). So ~26 minutes of device time after staging (three calls of L back
+# to back) give 4 runs (SEED and GRPO of seeds 0 and 1) at 1.3x, 6 at 1.1x.
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part.
@@ -153,7 +154,7 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
   step learning $((LEFT + 60)) $PY benchmarks/learning.py --model "$START_MODEL" --env alfworld \
       --methods "${METHODS:-seed,grpo}" --seeds "${SEEDS:-0 1 2}" --lanes "${LANES:-2}" --updates "${UPDATES:-10}" \
       --tasks-per-update "${TASKS:-2}" --group-size 8 --max-steps 15 --lr 1e-5 --eval-limit "${EVAL_LIMIT:-12}" \
-      --deadline-s "$LEFT" --scratch "$RUN/learning" --python "$PY" --seed-rl-args="--packing ${PACKING:-off}" \
+      --deadline-s "$LEFT" --scratch "$RUN/learning" --python "$PY" ${PACKING:+--seed-rl-args="--packing $PACKING"} \
       $([ "${DETACH:-1}" = 1 ] && echo --detach)
   mkdir -p "$OUT/learning" && cp results/learning/*.jsonl "$OUT/learning/"
   # logs, status and metrics of every job (no weights, no trajectories)
