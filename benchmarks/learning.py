@@ -167,8 +167,22 @@ def process_tree(root):
     return out
 
 
-def signal_tree(root, sig):
+def is_env_worker(pid):
+    """An env worker (`python -m envs.pool ...`): CPU only."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"envs.pool" in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def signal_tree(root, sig, keep_env_workers=False):
+    """Signal root and its descendants. keep_env_workers: leave the env workers alone (the gate's stops: an env
+    pool's step deadline is wall-clock time in the trainer, so a stopped worker would count the stop against
+    it; a worker left running has its answer ready when the trainer continues)."""
     for pid in process_tree(root):
+        if keep_env_workers and pid != root and is_env_worker(pid):
+            continue
         try:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -403,7 +417,8 @@ class EngineGate:
     per runner (its child's pid and the runner's state). Each runner polls for its own child:
       before  the child has not begun an engine start yet
       wants   it has (a vLLM log line): the child is stopped until the lock is free
-      holds   the lock taken: every other registered child's process tree is stopped at once (SIGSTOP), then
+      holds   the lock taken: every other registered child's process tree (less its env workers: CPU only, and
+              the env pool's deadlines are wall-clock) is stopped at once (SIGSTOP), then
               this child runs until vLLM says the engine is up ("init engine ... took"), or its readiness file
               appears, or TIMEOUT; then the lock is released and the trees it stopped are continued (those
               whose runner does not itself want the lock)
@@ -465,7 +480,7 @@ class EngineGate:
         write_json(self.holder_path, {"pid": os.getpid(), "job": self.name, "since": now()})
         self.stopped_others = [e["root"] for e in self._others().values()]
         for root in self.stopped_others:  # now, not at their runners' next poll
-            signal_tree(root, signal.SIGSTOP)
+            signal_tree(root, signal.SIGSTOP, keep_env_workers=True)
         return True
 
     def release(self):
@@ -481,15 +496,15 @@ class EngineGate:
         waiting = {e["root"] for e in self._others().values() if e.get("state") == "wants"}
         for root in self.stopped_others:
             if root not in waiting:
-                signal_tree(root, signal.SIGCONT)
+                signal_tree(root, signal.SIGCONT, keep_env_workers=True)
         self.stopped_others = []
 
     def _stop(self, stop):
         if stop and self.frozen_since is None:
-            signal_tree(self.root, signal.SIGSTOP)
+            signal_tree(self.root, signal.SIGSTOP, keep_env_workers=True)
             self.frozen_since = time.time()
         elif not stop and self.frozen_since is not None:
-            signal_tree(self.root, signal.SIGCONT)
+            signal_tree(self.root, signal.SIGCONT, keep_env_workers=True)
             self.frozen_s += time.time() - self.frozen_since
             self.frozen_since = None
 

@@ -2,11 +2,14 @@
 benchmarks/learning.py reads, seed_manifest.json, hf/final), no model. Env knobs:
   FAKE_VLLM=S   print a vLLM-style log line, then a "profiling window" of S seconds writing W beats, then
                 vLLM's "init engine ... took" line (what the engine gate watches)
-  FAKE_SLEEP=S  seconds per update, writing R beats (so a test can see when this process was running)"""
+  FAKE_SLEEP=S  seconds per update, writing R beats (so a test can see when this process was running)
+An env-worker stand-in (its argv holds "envs.pool", as `python -m envs.pool ...` does) writes E beats all along."""
 import argparse
 import json
 import os
 import random
+import subprocess
+import sys
 import time
 
 p = argparse.ArgumentParser()
@@ -20,6 +23,9 @@ p.add_argument("--out")
 a = p.parse_args()
 os.makedirs(a.out, exist_ok=True)
 beats = os.path.join(a.out, "beats")
+ENV_WORKER = ("import sys, time\nwhile True:\n    open(sys.argv[1], 'a').write(f'E {time.time()}\\n'); "
+              "time.sleep(0.02)")
+worker = subprocess.Popen([sys.executable, "-c", ENV_WORKER, beats, "envs.pool"])
 
 
 def beat(kind, seconds):
@@ -50,6 +56,7 @@ with open(os.path.join(a.out, "metrics.jsonl"), "a") as f:
                             "time/update": 1.0}) + "\n")
         f.flush()
         print(f"update {u}/{a.updates}", flush=True)
+worker.kill()
 os.makedirs(os.path.join(a.out, "hf", "final"), exist_ok=True)
 with open(os.path.join(a.out, "hf", "final", "config.json"), "w") as f:
     json.dump({}, f)
