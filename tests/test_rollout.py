@@ -143,28 +143,44 @@ def test_rewards_returns_and_max_steps(pool, games, tokenizer):
     specs = [dict(win_game, uid="win"), dict(idle_game, uid="idle")]
     (win, idle), _ = play_episodes(alfworld, specs, pool, ScriptedPolicy(tokenizer, scripts), tokenizer, max_steps=max_steps)
 
-    # invalid steps cost 0.1 at that step; a win gives 10 at that step (also when that step is invalid)
+    # The public code's rule: a well-formed inadmissible action is VALID (it only wastes the step, and is recorded
+    # as not admissible); no action tags or no think tags are invalid. Invalid steps cost 0.1 at that step; a win
+    # gives 10 at that step (also when that step is invalid)
     assert [s["invalid_reason"] for s in win["steps"]] == \
-        ["not_admissible", "no_action_tags"] + [""] * (len(plan) - 1) + ["no_think_tags"]
-    assert [s["executed"] for s in win["steps"][:2]] == ["fly to the moon", "I would rather wait here."]
+        ["", "no_action_tags"] + [""] * (len(plan) - 1) + ["no_think_tags"]
+    assert [s["admissible_action"] for s in win["steps"][:2]] == [False, False]
+    assert all(s["admissible_action"] for s in win["steps"][2:])
+    # without tags the env runs the last 30 characters of the lower-cased response
+    assert [s["executed"] for s in win["steps"][:2]] == ["fly to the moon", "i would rather wait here."]
     assert [s["feedback"] for s in win["steps"][:2]] == ["Nothing happens.", "Nothing happens."]
-    expected = [-INVALID_PENALTY, -INVALID_PENALTY] + [0.0] * (len(plan) - 1) + [WIN_REWARD - INVALID_PENALTY]
+    expected = [0.0, -INVALID_PENALTY] + [0.0] * (len(plan) - 1) + [WIN_REWARD - INVALID_PENALTY]
     assert [s["reward"] for s in win["steps"]] == pytest.approx(expected)
-    assert win["return"] == pytest.approx(sum(expected)) == pytest.approx(10 - 3 * 0.1)
+    assert win["return"] == pytest.approx(sum(expected)) == pytest.approx(10 - 2 * 0.1)
     assert win["success"] and win["length"] == len(plan) + 2 < max_steps and win["steps"][-1]["done"]
 
-    # max steps ends the episode: exactly max_steps steps, the last one done, no win; return = sum
+    # max steps ends the episode: exactly max_steps steps, the last one done, no win; return = sum. "jump" is
+    # not admissible: valid under the public rule, so nothing is penalised; half the steps are inadmissible
     assert idle["length"] == len(idle["steps"]) == max_steps and not idle["success"] and idle["env_failure"] is None
     assert [s["done"] for s in idle["steps"]] == [False] * (max_steps - 1) + [True]
     assert not any(s["won"] for s in idle["steps"])
+    assert all(s["valid"] for s in idle["steps"]) and idle["return"] == 0.0
+    assert [s["admissible_action"] for s in idle["steps"]] == [t % 2 == 0 for t in range(max_steps)]
+    assert all(s["feedback"] == "Nothing happens." for s in idle["steps"][1::2])
+    summary = summarize_episodes([win, idle])
+    assert summary["All"]["success"] == 0.5
+    assert summary["All"]["invalid_rate"] == pytest.approx(2 / (win["length"] + max_steps))
+    assert summary["All"]["inadmissible_rate"] == pytest.approx((2 + max_steps // 2) / (win["length"] + max_steps))
+
+    # --invalid-rule strict (the ablation): an inadmissible action is invalid too and costs the penalty
+    (win, idle), _ = play_episodes(alfworld, specs, pool, ScriptedPolicy(tokenizer, scripts), tokenizer,
+                                   max_steps=max_steps, invalid_rule="strict")
+    assert [s["invalid_reason"] for s in win["steps"]] == \
+        ["not_admissible", "no_action_tags"] + [""] * (len(plan) - 1) + ["no_think_tags"]
+    assert win["return"] == pytest.approx(10 - 3 * 0.1)
     assert [s["valid"] for s in idle["steps"]] == [t % 2 == 0 for t in range(max_steps)]
     assert [s["reward"] for s in idle["steps"]] == pytest.approx([0.0 if t % 2 == 0 else -INVALID_PENALTY
                                                                   for t in range(max_steps)])
     assert idle["return"] == pytest.approx(-INVALID_PENALTY * (max_steps // 2))
-    assert all(s["feedback"] == "Nothing happens." for s in idle["steps"][1::2])
-    summary = summarize_episodes([win, idle])
-    assert summary["All"]["success"] == 0.5
-    assert summary["All"]["invalid_rate"] == pytest.approx((3 + max_steps // 2) / (win["length"] + max_steps))
 
 
 # ----------------------------------------------------------------------------------------------------
