@@ -14,9 +14,9 @@ plain prompt (no skill), each env's steps, history and lengths (ALFWorld: 30 tas
     python collect.py --env alfworld --model tiny --tasks 6 --rollouts 1 --max-steps 3 --max-new-tokens 16 \\
         --out runs/demo/tiny.jsonl
 
-Output: one JSON line per episode (the record schema: envs/records.py; append-only; a killed run restarts
-where it stopped: episodes already written are skipped by id, a torn last line is cut), and
-`<out>.manifest.json` beside it.
+Output: one JSON line per episode, written the moment that episode ends (the record schema: envs/rollout.py;
+append-only; a killed or interrupted run restarts where it stopped: episodes already written are skipped by
+id, a torn last line is cut; Ctrl-C says how many are saved), and `<out>.manifest.json` beside it.
 """
 import argparse
 import os
@@ -30,8 +30,8 @@ from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive
 from envs.backends import ExpertPolicy, HFBackend, VLLMBackend
 from envs.models import load_model, load_tokenizer
 from envs.pool import EnvPool
-from envs.records import (append_jsonl, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
-                          run_manifest, write_manifest)
+from envs.records import (append_jsonl, check_resume, interrupted_message, open_jsonl_for_append, read_jsonl,
+                          resumed_manifest, run_manifest, write_manifest)
 from envs.rollout import add_rollout_args, format_summary, play_episodes, summarize_episodes
 
 env = env_from_argv()  # --env first: every default below is that env's paper preset
@@ -54,7 +54,8 @@ env.add_args(g)
 g = p.add_argument_group("policy and generation")
 g.add_argument("--model", required=True, help="HF path or hub id | tiny (random, real tokenizer) | expert (scripted)")
 g.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation engine")
-g.add_argument("--batch-episodes", type=int, default=64, help="episodes played together (one generate call per step)")
+g.add_argument("--batch-episodes", type=int, default=64, help="episodes in play at once (a new one starts as one "
+               "ends; the engine batches whatever requests are in flight)")
 g.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of the GPU")
 g = p.add_argument_group("run")
 g.add_argument("--seed", type=int, default=0, help="task choice and sampling")
@@ -104,25 +105,35 @@ else:
     policy = HFBackend(load_model(args.model, dtype=dtype, device=device, seed=args.seed), tokenizer)
 
 # ---------------------------------------------------------------------------------------------------
-# Play in batches; append each episode as soon as its batch ends
-t_start, timings = time.time(), {}
+# Play: up to --batch-episodes episodes at once, each at its own pace; each is appended the moment it ends
+# (samples depend only on (seed, uid, step), so the order they end in changes nothing)
+t_start, timings, env_stats = time.time(), {}, {"steps": 0, "env_failures": 0, "workers_replaced": 0}
 out = open_jsonl_for_append(args.out)
 bar = tqdm(total=len(todo), desc="episodes", unit="ep")
-with EnvPool(f"envs.{env.NAME}:make_game", num_workers=min(args.workers, max(1, len(todo)))) as pool:
-    for b in range(0, len(todo), args.batch_episodes):
-        batch = todo[b:b + args.batch_episodes]
-        torch.manual_seed(args.seed * 1_000_003 + shard_i * 10_007 + b)  # sampling depends on (seed, shard, batch)
-        episodes, tm = play_episodes(env, batch, pool, policy, tokenizer, max_steps=args.max_steps,
-                                     history=args.history, max_prompt_tokens=args.max_prompt_tokens,
-                                     max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                     invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
-                                     invalid_rule=args.invalid_rule)
-        for k, v in tm.items():
-            timings[k] = timings.get(k, 0.0) + v
-        for ep in episodes:
-            append_jsonl(out, ep)
-        bar.update(len(batch))
-    env_stats = dict(pool.stats)
+saved = 0
+
+
+def save(ep):
+    global saved
+    append_jsonl(out, ep)
+    saved += 1
+    bar.update(1)
+
+
+try:
+    with EnvPool(f"envs.{env.NAME}:make_game", num_workers=min(args.workers, max(1, len(todo)))) as pool:
+        if todo:
+            _, timings = play_episodes(env, todo, pool, policy, tokenizer, max_steps=args.max_steps,
+                                       history=args.history, max_prompt_tokens=args.max_prompt_tokens,
+                                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                       invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
+                                       invalid_rule=args.invalid_rule, max_live=args.batch_episodes,
+                                       on_episode=save)
+        env_stats = dict(pool.stats)
+except KeyboardInterrupt:  # one line, no tracebacks (the env workers ignore Ctrl-C; the pool ends them)
+    bar.close()
+    print(interrupted_message(saved, len(plan) - len(todo) + saved, len(plan), args.out), file=sys.stderr)
+    sys.exit(130)
 bar.close()
 out.close()
 
@@ -134,5 +145,5 @@ print(format_summary(summarize_episodes(records, env), f"success per {env.NAME} 
 n_steps = env_stats["steps"]
 print(f"this run: {len(todo)} episodes, {n_steps} steps in {elapsed:.1f}s "
       f"({60 * len(todo) / max(elapsed, 1e-9):.1f} episodes/min); time split: "
-      + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
+      + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items() if v)
       + f"; env failures {env_stats['env_failures']}, workers replaced {env_stats['workers_replaced']}")

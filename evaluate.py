@@ -21,8 +21,9 @@ out-of-distribution; 30 steps, the last 5 history entries).
 
 Outputs of an evaluation (in --out): results.json and results.md (per split: success per summary column in the
 paper's order, mean episode length, invalid-action rate, beside the paper's numbers for the same backbone and
-the list of conditions that differ), trajectories.jsonl (every episode, the record schema of envs/records.py;
-append-only: a killed run restarts where it stopped) and manifest.json (envs/records.py).
+the list of conditions that differ), trajectories.jsonl (every episode, written the moment it ends; the record
+schema of envs/rollout.py; append-only: a killed or interrupted run restarts where it stopped) and
+manifest.json (envs/records.py).
 """
 import argparse
 import json
@@ -33,8 +34,8 @@ import time
 
 from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive
 from envs.rollout import add_rollout_args
-from envs.records import (append_jsonl, check_resume, games_summary, open_jsonl_for_append, read_jsonl,
-                          resumed_manifest, run_manifest, write_manifest)
+from envs.records import (append_jsonl, check_resume, games_summary, interrupted_message, open_jsonl_for_append,
+                          read_jsonl, resumed_manifest, run_manifest, write_manifest)
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 PAPER_FILE = os.path.join(REPO, "envs", "paper_results.json")
@@ -64,7 +65,8 @@ add_rollout_args(g, PAPER)
 g.add_argument("--model", help="HF path or hub id | tiny | expert")
 g.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation engine")
 g.add_argument("--tp", type=int, default=1, help="vLLM tensor_parallel_size (GPUs per engine)")
-g.add_argument("--batch-episodes", type=int, default=128, help="episodes played together (one generate call per step)")
+g.add_argument("--batch-episodes", type=int, default=128, help="episodes in play at once (a new one starts as "
+               "one ends; the engine batches whatever requests are in flight)")
 g.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of the GPU")
 g = p.add_argument_group("output and other modes")
 g.add_argument("--paper-backbone", default="auto", help="paper rows to compare with: auto (from the model's "
@@ -171,31 +173,32 @@ if todo:
         policy = HFBackend(load_model(args.model, dtype=dtype, device=device, seed=args.seed), tokenizer)
 
 # ---------------------------------------------------------------------------------------------------
-# Play in batches; append each episode as soon as its batch ends (samples depend only on (seed, uid, step))
+# Play: up to --batch-episodes episodes at once, each at its own pace; each is appended the moment it ends
+# (samples depend only on (seed, uid, step), so the order they end in changes nothing)
 t_start, timings, env_stats = time.time(), {}, {"steps": 0, "env_failures": 0, "workers_replaced": 0}
 if todo:
     out = open_jsonl_for_append(traj_path)
     bar = tqdm(total=len(todo), desc="episodes", unit="ep")
-    with EnvPool(f"envs.{env.NAME}:make_game", num_workers=min(args.workers, len(todo))) as pool:
-        for b in range(0, len(todo), args.batch_episodes):
-            batch = todo[b:b + args.batch_episodes]
+    saved = 0
 
-            def show(done, total, start=b):  # the bar moves as episodes of the batch end, step by step
-                bar.n = start + done
-                bar.refresh()
+    def save(ep):
+        global saved
+        append_jsonl(out, ep)
+        saved += 1
+        bar.update(1)
 
-            episodes, tm = play_episodes(env, batch, pool, policy, tokenizer, max_steps=args.max_steps,
-                                         history=args.history, max_prompt_tokens=args.max_prompt_tokens,
-                                         max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                         invalid_fallback=args.invalid_fallback,
-                                         invalid_penalty=args.invalid_penalty, invalid_rule=args.invalid_rule,
-                                         progress=show)
-            for k, v in tm.items():
-                timings[k] = timings.get(k, 0.0) + v
-            for ep in episodes:
-                append_jsonl(out, ep)
-            show(len(batch), len(batch))
-        env_stats = dict(pool.stats)
+    try:
+        with EnvPool(f"envs.{env.NAME}:make_game", num_workers=min(args.workers, len(todo))) as pool:
+            _, timings = play_episodes(env, todo, pool, policy, tokenizer, max_steps=args.max_steps,
+                                       history=args.history, max_prompt_tokens=args.max_prompt_tokens,
+                                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                       invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
+                                       invalid_rule=args.invalid_rule, max_live=args.batch_episodes, on_episode=save)
+            env_stats = dict(pool.stats)
+    except KeyboardInterrupt:  # one line, no tracebacks (the env workers ignore Ctrl-C; the pool ends them)
+        bar.close()
+        print(interrupted_message(saved, len(plan) - len(todo) + saved, len(plan), traj_path), file=sys.stderr)
+        sys.exit(130)
     bar.close()
     out.close()
 
@@ -368,4 +371,4 @@ md += ["", f"Trajectories: `{traj_path}`; manifest: `{manifest_path}`.", ""]
 with open(os.path.join(args.out, "results.md"), "w") as f:
     f.write("\n".join(md))
 print(f"wrote {os.path.join(args.out, 'results.md')} and results.json; {len(todo)} episodes played in "
-      f"{time.time() - t_start:.1f}s ({', '.join(f'{k} {v:.1f}s' for k, v in timings.items()) or 'nothing to play'})")
+      f"{time.time() - t_start:.1f}s ({', '.join(f'{k} {v:.1f}s' for k, v in timings.items() if v) or 'nothing to play'})")

@@ -2,8 +2,9 @@
 
 One policy update (SPEC.md, Stage 2) is the story of `main()` below:
   1. rollout     sync the latest weights into the generation engine; play tasks x group episodes with the
-                 plain prompt (each rank plays its share of the groups)
-  2. analysis    the same engine, same weights, writes one hindsight skill per episode (greedy)
+                 plain prompt (each rank plays its share of the groups), each episode at its own pace
+  2. analysis    the same engine, same weights, writes one hindsight skill per episode (greedy), started the
+                 moment that episode ends, while the others still play
   3. scoring     no grad, pre-update weights: old log-probs of the sampled response tokens under the plain
                  prompt, teacher log-probs of the SAME tokens under the skill prompt, reference log-probs
   4. advantages  GRPO per group of episodes, broadcast to every response token of every step
@@ -251,6 +252,9 @@ def parse_args():
     add_rollout_args(g, paper, temperature_help="rollout sampling temperature (the trainer scores at 1)")
     g.add_argument("--workers", type=int, default=None, help="env worker processes per rank (default: one per "
                    "episode, at most this node's cores / local ranks)")
+    g.add_argument("--lockstep", action="store_true", help="the old rollout schedule, for comparison: every "
+                   "episode generates, then every env steps, turn after turn; analyses after the last episode "
+                   "(benchmarks/rollout_async.py); same seeds, same episodes")
     env.add_args(g)
     g = p.add_argument_group("models and engine")
     g.add_argument("--model", required=True, help="the Stage 1 SFT checkpoint (HF folder or hub id) | tiny")
@@ -297,12 +301,13 @@ def parse_args():
                         "model holds ~80 GB of activations without it")
     g = p.add_argument_group("logging and checkpoints")
     g.add_argument("--seed", type=int, default=0, help="task stream, sampling and mini-batch order")
-    g.add_argument("--save-every", type=int, default=10, help="trainer checkpoint + HF checkpoint every N updates")
+    g.add_argument("--save-every", type=int, default=10, help="trainer checkpoint + HF checkpoint every N updates "
+                   "and after the last; 0: none (timing runs: benchmarks/rollout_async.py)")
     g.add_argument("--dump-examples", type=int, default=4, help="plain-vs-skill examples dumped per update")
     g.add_argument("--out", default="runs/seed", help="output folder (metrics, examples, checkpoints, manifest)")
     args = p.parse_args()
     require_positive(args, "updates", "tasks_per_update", "group_size", "max_steps", "max_new_tokens", "mini_batch",
-                     "micro_batch", "save_every", "workers")
+                     "micro_batch", "workers")  # --save-every 0 is meaningful: no checkpoints (timing runs)
     if args.group_size == 1 and not args.allow_group_of_one:
         sys.exit("--group-size 1: GRPO ranks the episodes of a task against each other, so with one episode every "
                  "advantage is 0 and the policy-gradient term trains nothing; use --group-size 2 or more (the paper: "
@@ -402,7 +407,10 @@ def main():
             group["lr"] = args.lr * min(1.0, (update + 1) / warmup) if warmup else args.lr
 
         # -------------------------------------------------------------------------------------------
-        # 1. Rollout: the latest weights into the engine, then this rank's groups with the plain prompt
+        # 1. Rollout: the latest weights into the engine, then this rank's groups with the plain prompt.
+        # 2. Self-analysis, overlapped: the moment an episode ends, the same engine (same weights) writes its
+        #    skill, greedy, while the other episodes still play. Unparsable -> no teacher signal for that
+        #    episode (teacher mask 0); it still trains with GRPO.
         t0 = time.perf_counter()
         sync_engine(engine, policy, sync_dtype)
         tm["sync"] = time.perf_counter() - t0
@@ -413,25 +421,26 @@ def main():
                                      history=args.history, max_prompt_tokens=args.max_prompt_tokens,
                                      max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                      invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
-                                     invalid_rule=args.invalid_rule)
-        tm["generate"], tm["env"] = rt["generate"], rt["reset"] + rt["env"] + rt["parse"]
+                                     invalid_rule=args.invalid_rule, lockstep=args.lockstep,
+                                     analyzer=analyzer if use_opd else None,
+                                     analysis_prompt=lambda ep: analysis_prompt(tokenizer, ep, args),
+                                     analysis_max_new_tokens=args.analysis_max_new_tokens)
+        t0 = time.perf_counter()
         for ep in episodes:  # an env failure leaves its group instead of poisoning the advantages
             if ep["env_failure"]:
                 print(f"[rank {rank}] env failure: episode {ep['uid']} dropped from its group ({ep['env_failure']})")
         episodes = [ep for ep in episodes if not ep["env_failure"]]
-
-        # -------------------------------------------------------------------------------------------
-        # 2. Self-analysis: the same engine (same weights) writes one skill per episode, greedy.
-        #    Unparsable -> no teacher signal for that episode (teacher mask 0); it still trains with GRPO.
-        t0 = time.perf_counter()
-        skills = self_analysis(analyzer, tokenizer, episodes, args) if use_opd else [None] * len(episodes)
+        skills = [parse_skill(ep.get("analysis"), args) for ep in episodes]
         if on_gpu:  # device memory with the engine awake (its weights + KV cache) and the trainer resident
             mem["mem/device_used_gib_engine_awake"] = device_used_gib()
         engine.sleep()  # frees the engine's GPU memory for scoring and training
         if on_gpu:  # the engine's share: what its sleep gave back; the trainer's peak is counted from here
             mem["mem/engine_awake_gib"] = mem["mem/device_used_gib_engine_awake"] - device_used_gib()
             torch.cuda.reset_peak_memory_stats()
-        tm["analysis"] = time.perf_counter() - t0
+        # phases of the rollout's wall time (they sum to time/rollout); busy_*: time each had work in flight
+        tm.update(rollout=rt["wall"], generate=rt["generate"], env=rt["reset"] + rt["env"] + rt["parse"],
+                  analysis=rt["analysis"], sleep=time.perf_counter() - t0,
+                  **{k: v for k, v in rt.items() if k.startswith("busy_")})
 
         # -------------------------------------------------------------------------------------------
         # 3. Dual-context scoring with the pre-update weights, no grad: old_lp under the plain prompt,
@@ -516,7 +525,7 @@ def main():
                    f"{g('loss/kl')} opd {g('loss/opd')} gate {g('opd/gate_mean')} cover {g('opd/teacher_coverage')} "
                    f"parse {g('skill/parse_rate')} | {tm['update']:.1f}s")
             dump_examples(examples_f, update, samples, episodes, skills, tokenizer, args.dump_examples)
-        if (update + 1) % args.save_every == 0 or update + 1 == args.updates:
+        if args.save_every > 0 and ((update + 1) % args.save_every == 0 or update + 1 == args.updates):
             save_checkpoint(policy, optimizer, tokenizer, args, update + 1, metrics, rank)
         if rank == 0:
             append_jsonl(metrics_f, metrics)
@@ -528,21 +537,17 @@ def main():
 # ====================================================================================================
 # The steps of an update, each a named function (called once per update by main, in this order)
 
-def self_analysis(analyzer, tokenizer, episodes, args):
-    """Step 2: one hindsight skill per episode (None where the answer does not parse, or the analysis prompt +
-    answer would not fit the engine's context)."""
-    skills = [None] * len(episodes)
-    prompts = [chat_prompt(tokenizer, build_analysis_prompt(ep))[1] for ep in episodes]
-    fits = [i for i, pr in enumerate(prompts) if len(pr) + args.analysis_max_new_tokens <= args.analysis_max_len]
-    if not fits:
-        return skills
-    # no log-probs: nothing uses the analysis's, and HF `generate` would keep [B, 4,096, V] logits
-    answers = analyzer.generate([prompts[i] for i in fits], max_new_tokens=args.analysis_max_new_tokens,
-                                temperature=0.0, contexts=[episodes[i] for i in fits], want_logprobs=False)
-    for i, a in zip(fits, answers):
-        rec, _ = parse_analysis(a.text, min_words=args.min_skill_words)
-        skills[i] = rec["episode_skill"] if rec else None
-    return skills
+def analysis_prompt(tokenizer, episode, args):
+    """Step 2's prompt for an ended episode (token ids), or None where prompt + answer would not fit the
+    engine's context (that episode gets no skill). The rollout loop submits it the moment the episode ends."""
+    ids = chat_prompt(tokenizer, build_analysis_prompt(episode))[1]
+    return ids if len(ids) + args.analysis_max_new_tokens <= args.analysis_max_len else None
+
+
+def parse_skill(answer, args):
+    """Step 2's skill from the analysis answer (None: no answer, or it does not parse)."""
+    rec, _ = parse_analysis(answer, min_words=args.min_skill_words) if answer is not None else (None, None)
+    return rec["episode_skill"] if rec else None
 
 
 def step_samples(episodes, skills, tokenizer):

@@ -61,7 +61,8 @@ for w in [int(x) for x in args.workers.split(",")]:
     with EnvPool("envs.alfworld:make_game", num_workers=w) as pool:
         pool.worker_pids()  # workers started before the clock runs
         t0 = time.perf_counter()
-        episodes, tm = play_episodes(alfworld, games, pool, ExpertPolicy(tokenizer), tokenizer)
+        # lockstep: the phases below are then time in resets, env steps, generate calls, one batch at a time
+        episodes, tm = play_episodes(alfworld, games, pool, ExpertPolicy(tokenizer), tokenizer, lockstep=True)
         wall = time.perf_counter() - t0
         steps = pool.stats["steps"]
     wins = sum(ep["success"] for ep in episodes)
@@ -87,7 +88,7 @@ specs = specs[:args.tiny_episodes]
 with EnvPool("envs.alfworld:make_game", num_workers=2) as pool:
     torch.manual_seed(args.seed)
     episodes, tm = play_episodes(alfworld, specs, pool, policy, tokenizer, max_steps=args.tiny_steps,
-                                 max_new_tokens=args.max_new_tokens, temperature=0.4)
+                                 max_new_tokens=args.max_new_tokens, temperature=0.4, lockstep=True)
 n_ep_steps = sum(ep["length"] for ep in episodes)
 n_batched = max(len(ep["steps"]) for ep in episodes)  # one generate call per step for all live episodes
 new_tokens = sum(len(s["response_ids"]) for ep in episodes for s in ep["steps"])

@@ -18,9 +18,40 @@
 #                                # PROFILE=1 adds kernel tables (one more pass per path)
 #   bash benchmarks/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
 #   bash benchmarks/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
+#   bash benchmarks/h200.sh AS   # issue 19: the rollout in lockstep vs per episode (2 x 8 and 16 x 8 episodes,
+#                                # 30 steps), then seed_rl.py's update with the self-analysis overlapped (SEED,
+#                                # GRPO, SEED --lockstep; 2 updates each) within BUDGET s (default 480);
+#                                # $OUT/rollout_async.json (benchmarks/rollout_async.py)
 #   bash benchmarks/h200.sh Q    # Search (issue 16): the project's BM25 retriever over the shared corpus
 #                                # ($SEARCH_DATA), the 0.5B model's EM on the 100 validation questions before
 #                                # and after a few SEED updates on the train questions; retriever share of time
+#   bash benchmarks/h200.sh L    # the learning benchmark (issue 21, benchmarks/learning.py): SEED and GRPO
+#                                # from the same start, matched seeds, 10 updates of 2 x 8 episodes, 15 steps,
+#                                # lr 1e-5, each end policy evaluated on held-out games (plain prompt); one
+#                                # record per finished run in results/learning/, copied to $OUT/learning/
+#
+# Part L, its knobs (environment variables) and what fits (one call ~8.5 minutes: BUDGET=480 s for the driver,
+# then up to ~60 s to end; the driver returns at its deadline):
+#   SEEDS="0 1 2" METHODS=seed,grpo   the queue (seed-major: SEED and GRPO of a seed together); finished
+#                                     runs (on file in results/learning/ or done in $RUN/learning) are skipped
+#   LANES=2         jobs at a time on the GPU (two seed_rl.py side by side, vLLM at 0.2 of the GPU each,
+#                   engine starts kept apart by the gate in learning.py); LANES=1: one at a time (vLLM 0.4)
+#   DETACH=1        (default) at the deadline the jobs keep running (own process sessions) and the next call
+#                   of L collects them: call L back to back (the machine keeps /tmp ~30 s after a call).
+#                   DETACH=0: only jobs that the estimates say end before the deadline are started, and what
+#                   has not ended by then is killed (no record; attempts.jsonl says so)
+#   START=sft       start from $RUN/sft (made here first from $SFT_DATA if missing, ~80 s) instead of the base
+#   UPDATES=10 TASKS=2 EVAL_LIMIT=12; PACKING=off|auto|... (seed_rl.py --packing; unset: its default, auto)
+# Sizing, from the H200 logs: the fourth session's SEED update on this code (results/h200-2026-12-03-s4: 47.4 s
+# at 30 steps with packed micro-batches, the one-update run 180 s in all, vLLM's engine start 41 s) and 12-03's
+# (GRPO 51-60 s per update at 30 steps); the issue saw 20-35 s per update at 15 steps. So per update ~26 s
+# (SEED) / ~23 s (GRPO), start-up ~100 s, final checkpoint ~30 s, end evaluation ~75 s (24 games), the start
+# evaluation once ~75 s (then kept in results/learning/evals.jsonl). One run alone ~7.5 min, against the
+# ~7.7 min a call leaves the driver: a run does not reliably fit one call, hence DETACH=1 (with the bundle
+# install in the same call, lower BUDGET by its time, ~100 s: BUDGET=380). Two side by side: ~9.5 min if
+# sharing the GPU slows each update 1.3x, ~8.3 min at 1.1x (not measured yet; the first pair measures it:
+# attempts.jsonl, the driver's summary). So ~26 minutes of device time after staging (three calls of L back
+# to back) give 4 runs (SEED and GRPO of seeds 0 and 1) at 1.3x, 6 at 1.1x.
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part.
@@ -99,6 +130,14 @@ B|C)  # Stage 2 from the Stage 1 checkpoint: B = SEED, C = the same with --opd-c
       $([ -f "$RUN/$NAME/examples.jsonl" ] && echo $NAME/examples.jsonl) \
       $([ -f "$RUN/$NAME/lengths.jsonl" ] && echo $NAME/lengths.jsonl)
   ;;
+AS)  # lockstep vs per-episode rollout, and the update with the analysis overlapped (from $INIT if S1 ran)
+  INIT=$RUN/sft; [ -f "$INIT/config.json" ] || INIT=$M
+  mkdir -p "$RUN/async"
+  step rollout_async $(( ${BUDGET:-480} + 60 )) $PY benchmarks/rollout_async.py --model "$INIT" --work "$RUN/async" \
+      --budget "${BUDGET:-480}" --json "$RUN/async/rollout_async.json"
+  cp "$RUN/async/rollout_async.json" "$OUT/" 2>/dev/null
+  tar -czf "$OUT/AS.tar.gz" -C "$RUN" logs $(cd "$RUN" && ls -d async/*.log async/*.json async/*/metrics.jsonl 2>/dev/null)
+  ;;
 Q)  # Search: retriever server, EM before, SEED updates, EM after (validation questions, plain prompt)
   SD=${SEARCH_DATA:-${SHARED:-../shared}/search}; mkdir -p "$RUN/search"
   $PY -m envs.retriever --corpus "$SD/corpus.jsonl.xz" --port 8000 --log-file "$RUN/logs/retriever.log" \
@@ -117,5 +156,22 @@ Q)  # Search: retriever server, EM before, SEED updates, EM after (validation qu
   tar -czf "$OUT/Q.tar.gz" -C "$RUN" search/eval0 search/eval1 search/seed/metrics.jsonl search/seed/examples.jsonl \
       search/seed/seed_manifest.json search/seed/lengths.jsonl logs
   ;;
-*) echo "usage: $0 A|R|P|S1|SFT|B|C|Q"; exit 2 ;;
+L)  # the learning benchmark: see the header for the knobs and the sizing
+  START_MODEL=$M
+  if [ "${START:-base}" = sft ]; then
+    [ -f "$RUN/sft/config.json" ] || sft 150 "${SFT_DATA:-results/h200-2026-12-03/stage1/skills.sft.jsonl}"
+    START_MODEL=$RUN/sft
+  fi
+  LEFT=$(( ${BUDGET:-480} - SECONDS ))  # what this call has left for the driver
+  step learning $((LEFT + 60)) $PY benchmarks/learning.py --model "$START_MODEL" --env alfworld \
+      --methods "${METHODS:-seed,grpo}" --seeds "${SEEDS:-0 1 2}" --lanes "${LANES:-2}" --updates "${UPDATES:-10}" \
+      --tasks-per-update "${TASKS:-2}" --group-size 8 --max-steps 15 --lr 1e-5 --eval-limit "${EVAL_LIMIT:-12}" \
+      --deadline-s "$LEFT" --scratch "$RUN/learning" --python "$PY" ${PACKING:+--seed-rl-args="--packing $PACKING"} \
+      $([ "${DETACH:-1}" = 1 ] && echo --detach)
+  mkdir -p "$OUT/learning" && cp results/learning/*.jsonl "$OUT/learning/"
+  # logs, status and metrics of every job (no weights, no trajectories)
+  (cd "$RUN" && find learning -maxdepth 3 -not -path 'learning/start-*' \( -name '*.log' -o -name '*.json' \
+      -o -name metrics.jsonl -o -name examples.jsonl -o -name results.md \) -print | tar -czf "$OUT/L.tar.gz" -T - logs)
+  ;;
+*) echo "usage: $0 A|R|P|S1|SFT|B|C|Q|L|AS"; exit 2 ;;
 esac

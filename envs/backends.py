@@ -1,20 +1,30 @@
 """Generation backends behind one small interface (model and tokenizer loading: envs/models.py).
 
+    backend.submit(req_id, prompt_ids, max_new_tokens=..., temperature=..., seed=None, want_logprobs=None,
+                   context=None)      queue one request; returns at once
+    backend.poll() -> [(req_id, Generation)]   advance the engine and hand back the requests that finished
     backend.generate(prompts, max_new_tokens=..., temperature=..., contexts=None, seeds=None,
-                     want_logprobs=None) -> [Generation]
+                     want_logprobs=None) -> [Generation]   one batch, in order (submit all, poll until done)
 
-prompts are lists of token ids (already chat-templated); seeds (one int per prompt) make each sample depend
-only on its own seed, not on which other prompts share the batch, so a run is reproducible whatever the
-number of ranks or the batch split (and a resumed run replays the same samples). A Generation holds the response token ids (the
-stop token included when the model stopped by itself, so a trainer learns to stop), the decoded text, the
-sampled tokens' log-probs where the backend gives them and they were asked for (`want_logprobs`, per
-backend and per call: they cost speed in vLLM and memory in HF), and why it stopped ('stop' or 'length').
+The rollout loop (envs/rollout.py) submits each episode's request the moment its prompt is ready and polls;
+vLLM batches whatever is in flight token by token, so a long response holds up no other episode. prompts are
+lists of token ids (already chat-templated); a seed (one int per request) makes each sample depend only on
+its own seed, not on which other requests share the engine or the batch, so a run is reproducible whatever
+the arrival order, the number of ranks or the batch split (and a resumed run replays the same samples). A
+Generation holds the response token ids (the stop token included when the model stopped by itself, so a
+trainer learns to stop), the decoded text, the sampled tokens' log-probs where the backend gives them and
+they were asked for (`want_logprobs`, per backend and per request: they cost speed in vLLM and memory in
+HF), and why it stopped ('stop' or 'length'). context is the live episode record (the scripted backends
+read it; the engines ignore it).
 
-  VLLMBackend  GPU; batched; sampled-token log-probs; sleep/wake and per-parameter weight loading so it
-               can live on the trainer's GPUs (one engine per torchrun rank, `external_launcher`).
-  HFBackend    Hugging Face `generate`; CPU and tests; the same weight-loading interface.
+  VLLMBackend  GPU; vLLM's in-process engine, request by request (`add_request` / `step`: continuous
+               batching); sampled-token log-probs; sleep/wake and per-parameter weight loading so it can live
+               on the trainer's GPUs (one engine per torchrun rank, `external_launcher`).
+  HFBackend    Hugging Face `generate`; CPU and tests; each poll runs one batched `generate` over every
+               request it holds; the same weight-loading interface.
   ExpertPolicy answers with the env's scripted expert (ALFWorld: each game's stored walkthrough) in the
                agent's own format, so the whole chain (prompt -> parse -> env -> records) runs with wins on CPU.
+  ScriptedAnalyzer  a rule-based stand-in for the self-analysis (CPU demos and tests).
 """
 import json
 import os
@@ -37,6 +47,36 @@ class Generation:
 # ----------------------------------------------------------------------------------------------------
 # Backends
 
+class BatchBackend:
+    """submit/poll for a backend whose work is one batched call, `generate`: submit holds the request; poll
+    runs `generate` once over every request held (one call per distinct setting: max tokens, temperature,
+    log-probs, seeded or not) and returns them all. Each sample depends only on its own seed, so which
+    requests share a call changes nothing."""
+
+    def submit(self, req_id, prompt_ids, *, max_new_tokens, temperature, seed=None, want_logprobs=None,
+               context=None):
+        if not hasattr(self, "_held"):
+            self._held = []
+        self._held.append((req_id, list(prompt_ids), (max_new_tokens, temperature, want_logprobs, seed is None),
+                           seed, context))
+
+    def poll(self):
+        held, self._held = getattr(self, "_held", []), []
+        groups = {}
+        for r in held:
+            groups.setdefault(r[2], []).append(r)
+        out = []
+        for (max_new_tokens, temperature, want_logprobs, unseeded), reqs in groups.items():
+            gens = self.generate([r[1] for r in reqs], max_new_tokens=max_new_tokens, temperature=temperature,
+                                 contexts=[r[4] for r in reqs], seeds=None if unseeded else [r[3] for r in reqs],
+                                 want_logprobs=want_logprobs)
+            out += [(r[0], g) for r, g in zip(reqs, gens)]
+        return out
+
+    def in_flight(self):
+        return len(getattr(self, "_held", []))
+
+
 class SeededSampler:
     """A logits processor for greedy decoding that turns it into exact per-row seeded sampling (Gumbel-max:
     argmax(logits / T + Gumbel noise) is a sample of softmax(logits / T)); row i's noise comes from its own
@@ -54,7 +94,7 @@ class SeededSampler:
         return scores.float() / self.temperature + gumbel.float()
 
 
-class HFBackend:
+class HFBackend(BatchBackend):
     """Hugging Face `generate`, batched with left padding. Holds its own unsharded copy of the weights
     (like a vLLM engine would), refreshed with `load_weights` after each update."""
 
@@ -123,7 +163,13 @@ class VLLMBackend:
     its own prompts (`external_launcher` with tensor_parallel_size=1: vLLM treats the other ranks as
     independent data-parallel replicas). Written against vLLM 0.32 (pinned in requirements-gpu.txt), run
     on the device with 0.24: `LLM`, `SamplingParams`, `sleep/wake_up`, `reset_prefix_cache` and the
-    driver worker's `model_runner.model.load_weights` are the same in both."""
+    driver worker's `model_runner.model.load_weights` are the same in both.
+
+    Requests go straight into `LLM.llm_engine` (vLLM's synchronous `LLMEngine`, the loop `LLM.generate` runs
+    itself): `add_request(id, prompt, params)` and `step()`, which runs one forward and returns the requests
+    that finished. The engine core stays in this process, so sleep/wake and loading weights through the
+    driver worker's model runner work as before. vLLM's AsyncLLM would run the core in another process,
+    where the co-located trainer could not reach the weights."""
 
     def __init__(self, model_path, tokenizer, *, max_model_len, gpu_memory_utilization=0.35, seed=0,
                  enable_sleep_mode=True, dtype="bfloat16", tensor_parallel_size=1, want_logprobs=False):
@@ -150,11 +196,13 @@ class VLLMBackend:
                        dtype=dtype, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                        enable_sleep_mode=enable_sleep_mode, enable_prefix_caching=True, seed=seed,
                        tensor_parallel_size=tensor_parallel_size, **kw)  # >1: evaluate.py --tp, no torchrun
-        self.sleeping = False
+        self.sleeping, self.pending = False, set()
 
-    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None, want_logprobs=None):
+    def submit(self, req_id, prompt_ids, *, max_new_tokens, temperature, seed=None, want_logprobs=None,
+               context=None):
+        """One request into the engine (`LLMEngine.add_request`); it is scheduled at the next `poll`."""
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
         want_logprobs = self.want_logprobs if want_logprobs is None else want_logprobs
         # Explicit sampling: no model-default top_p/top_k/repetition penalty; logprobs=0 returns the sampled
         # token's log-prob under the raw (unprocessed) distribution, comparable with the trainer's. Only
@@ -162,18 +210,48 @@ class VLLMBackend:
         # detokenize=False: vLLM would decode every new token, and every log-prob token, in Python as it goes;
         # one batch_decode of the finished responses gives their text. Log-probs cost 25% of the throughput
         # with vLLM's detokenizer and 4% without it (README, Performance).
-        sps = [SamplingParams(temperature=temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
-                              max_tokens=max_new_tokens, logprobs=0 if want_logprobs else None, detokenize=False,
-                              seed=None if seeds is None else int(seeds[i]) % (2 ** 31))
-               for i in range(len(prompts))]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sps, use_tqdm=False)
-        outs = [o.outputs[0] for o in outs]
-        texts = self.tok.batch_decode([list(c.token_ids) for c in outs], skip_special_tokens=True)
+        # FINAL_ONLY: `step` returns a request once, when it has finished (as `LLM.generate` asks for), not a
+        # cumulative output for every running request at every step.
+        sp = SamplingParams(temperature=temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
+                            max_tokens=max_new_tokens, logprobs=0 if want_logprobs else None, detokenize=False,
+                            seed=None if seed is None else int(seed) % (2 ** 31),
+                            output_kind=RequestOutputKind.FINAL_ONLY)
+        self.llm.llm_engine.add_request(str(req_id), _token_prompt(prompt_ids), sp)
+        self.pending.add(str(req_id))
+
+    def poll(self):
+        """One engine step (a forward over every request in flight: prefill chunks and one decode token each);
+        returns the requests that finished in it (often none)."""
+        if not self.pending:
+            return []
+        engine = self.llm.llm_engine
+        done = [o for o in engine.step() if o.finished and o.request_id in self.pending]
+        if len(done) < len(self.pending) and not engine.has_unfinished_requests():  # never spin on lost requests
+            raise RuntimeError(f"vLLM dropped {len(self.pending) - len(done)} requests (aborted or rejected)")
+        outs = [o.outputs[0] for o in done]
+        texts = self.tok.batch_decode([list(c.token_ids) for c in outs], skip_special_tokens=True) if outs else []
         gens = []
-        for c, text in zip(outs, texts):
+        for o, c, text in zip(done, outs, texts):
+            self.pending.discard(o.request_id)
             lps = [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs is not None else None
-            gens.append(Generation(list(c.token_ids), text, "length" if c.finish_reason == "length" else "stop", lps))
+            gens.append((o.request_id, Generation(list(c.token_ids), text,
+                                                  "length" if c.finish_reason == "length" else "stop", lps)))
         return gens
+
+    def in_flight(self):
+        return len(self.pending)
+
+    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None, want_logprobs=None):
+        """One batch through the same engine path as the rollout loop (annotate.py, the benchmarks)."""
+        if self.pending:
+            raise RuntimeError("generate() while requests of the rollout loop are in flight")
+        for k, p in enumerate(prompts):
+            self.submit(f"generate-{k}", p, max_new_tokens=max_new_tokens, temperature=temperature,
+                        seed=None if seeds is None else seeds[k], want_logprobs=want_logprobs)
+        got = {}
+        while self.pending:
+            got.update(self.poll())
+        return [got[f"generate-{k}"] for k in range(len(prompts))]
 
     def _model(self):
         runner = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
@@ -198,7 +276,18 @@ class VLLMBackend:
             self.sleeping = tags is not None and "kv_cache" not in tags
 
 
-class ExpertPolicy:
+def _token_prompt(ids):
+    """A prompt of token ids for `LLMEngine.add_request`: vLLM 0.24's rendered-input form when it has one
+    (taken as is), else the `TokensPrompt` that older releases preprocess."""
+    try:
+        from vllm.inputs import tokens_input
+        return tokens_input(list(ids))
+    except ImportError:
+        from vllm.inputs import TokensPrompt
+        return TokensPrompt(prompt_token_ids=list(ids))
+
+
+class ExpertPolicy(BatchBackend):
     """Scripted expert: each step's response is the episode's env's `expert_response(episode)` (ALFWorld: the
     next command of the game's stored walkthrough), in the agent's own format, so the whole chain (prompt ->
     parse -> env -> records) runs with wins on CPU. contexts[i] is the live episode record."""
@@ -220,7 +309,7 @@ class ExpertPolicy:
         return out
 
 
-class ScriptedAnalyzer:
+class ScriptedAnalyzer(BatchBackend):
     """A rule-based stand-in for the analyzer (CPU demos and tests, where a tiny random model cannot write
     JSON): answers the analysis prompt with a JSON skill derived from the episode itself. Success -> the
     action sequence that worked; failure -> an avoidance rule naming the mistakes seen. Its answers go

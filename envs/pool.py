@@ -1,30 +1,44 @@
-"""A batched environment interface over a pool of worker processes.
+"""A batched environment interface over a pool of worker processes, blocking or not.
 
 Why processes: an ALFWorld reset costs ~2.3 s of CPU (the planner grounds the game) and a step 60-80 ms, so a
 batch of 128 episodes must not run serially in the trainer's process. Episode slot i lives in worker
-i % num_workers; each call sends every worker its share of the batch and the workers run in parallel.
+i % num_workers; the workers run in parallel, each working through its own commands in order.
+
+Two ways to drive it:
+  blocking      reset(games) / step({slot: action}): send a batch, wait for every answer (the tests, simple
+                callers)
+  non-blocking  submit(slot, cmd, arg) sends one command and returns at once; poll(timeout) hands back the
+                answers that have arrived, [(slot, reply)], so the rollout loop (envs/rollout.py) steps the
+                env of one episode while the engine generates for the others. A worker answers each command
+                as soon as it is done, not when its whole batch is.
 
 Workers are fresh interpreters (`python -m envs.pool FD module:factory`) talking over a socketpair: no fork
 of a trainer that holds CUDA or OpenMP state, and no re-import of the calling script (multiprocessing's
 spawn would re-run a top-level script such as collect.py in every worker).
 
-Robustness: a worker that dies or does not answer within the timeout is killed and replaced by a fresh one;
-the episodes it held end with an env failure (`{"error": ...}`) instead of crashing the run.
+Robustness: a worker that dies, or does not answer a command within its timeout (counted from when the worker
+could start it), is killed and replaced by a fresh one. Every game it held is lost: its pending commands, and
+any later step of those slots, answer `{"error": ...}`, so those episodes end with an env failure instead of
+crashing the run. A reset of the slot starts it afresh.
 """
+import collections
 import importlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 import traceback
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _worker_main(conn, make_game):
-    """Worker loop: holds the live games of its slots. Messages: ('batch', [(cmd, slot, arg), ...])."""
+    """Worker loop: holds the live games of its slots. Messages: ('batch', [(cmd, slot, arg), ...]); one
+    reply (slot, state) per command, sent as soon as that command is done."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes the pool
     games = {}
     while True:
         try:
@@ -33,37 +47,47 @@ def _worker_main(conn, make_game):
             return
         if kind == "close":
             return
-        replies = []
         for cmd, slot, arg in payload:
             try:
                 if cmd == "reset":
+                    games.pop(slot, None)
                     game = make_game(arg)
                     games[slot] = game
-                    replies.append(game.reset())
+                    reply = game.reset()
                 elif cmd == "step":
-                    replies.append(games[slot].step(arg))
+                    reply = games[slot].step(arg)
                 elif cmd == "clear":
                     games.clear()
-                    replies.append(None)
+                    reply = None
                 elif cmd == "pid":
-                    replies.append(os.getpid())
+                    reply = os.getpid()
                 else:
-                    replies.append({"error": f"unknown command {cmd!r}"})
+                    reply = {"error": f"unknown command {cmd!r}"}
             except Exception as e:  # a broken game is an env failure of that episode only
-                replies.append({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=3)})
-        conn.send(replies)
+                reply = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=3)}
+            try:
+                conn.send((slot, reply))
+            except (BrokenPipeError, OSError, KeyboardInterrupt):
+                return
 
 
 class EnvPool:
-    """`reset(games)` starts a new batch (slot i plays games[i]); `step({slot: action})` advances the slots
-    given. Each returns per slot a state dict (env-specific keys) or {"error": reason}."""
+    """Slots of live games over worker processes. Every answer is, per slot, a state dict (env-specific keys)
+    or {"error": reason}."""
 
     def __init__(self, factory, num_workers, reset_timeout=180.0, step_timeout=60.0):
         self.factory = factory  # "module:function", game spec -> object with reset()/step(action)
         self.num_workers = max(1, int(num_workers))
         self.reset_timeout, self.step_timeout = reset_timeout, step_timeout
         self.workers = [self._spawn() for _ in range(self.num_workers)]
+        self.queue = [collections.deque() for _ in range(self.num_workers)]  # per worker: [(slot, cmd, timeout)]
+        self.head_since = [0.0] * self.num_workers  # when the worker could start its oldest pending command
+        self.held = [set() for _ in range(self.num_workers)]  # slots whose game lives in that worker
+        self.lost = {}  # slot -> why its game is gone (its worker was replaced)
+        self.ready = []  # answers produced here (lost slots, failed sends), handed out by the next poll
         self.stats = {"resets": 0, "steps": 0, "env_failures": 0, "workers_replaced": 0}
+
+    # ---- workers
 
     def _spawn(self):
         ours, theirs = socket.socketpair()
@@ -80,71 +104,120 @@ class EnvPool:
         proc.wait(timeout=10)
         conn.close()
 
-    def _replace(self, w):
+    def _fail(self, w, reason):
+        """Replace worker w: each of its pending commands answers the error, each game it held is lost."""
         self._kill(w)
         self.workers[w] = self._spawn()
         self.stats["workers_replaced"] += 1
+        for slot, cmd, _ in self.queue[w]:
+            self.ready.append((slot, {"error": reason}))
+        self.queue[w].clear()
+        for slot in self.held[w]:
+            self.lost[slot] = reason
+        self.held[w].clear()
 
-    def _fail(self, w, cmds, reason, out):
-        self._replace(w)
-        for _, slot, _ in cmds:
-            out[slot] = {"error": reason}
+    # ---- non-blocking interface
 
-    def _receive(self, w, deadline):
-        """(replies, None) or (None, reason) for worker w."""
-        proc, conn = self.workers[w]
+    def submit(self, slot, cmd, arg=None):
+        """Send one command ('reset' with a game spec, 'step' with an action) for a slot; never blocks on the
+        worker. A step of a slot whose game was lost answers the error at the next poll."""
+        w = slot % self.num_workers
+        self.stats["resets"] += cmd == "reset"
+        self.stats["steps"] += cmd == "step"
+        if cmd == "reset":
+            self.lost.pop(slot, None)
+            self.held[w].add(slot)
+        elif cmd == "step" and slot in self.lost:
+            self.ready.append((slot, {"error": self.lost[slot]}))
+            return
+        if not self.queue[w]:
+            self.head_since[w] = time.monotonic()
+        timeout = self.reset_timeout if cmd == "reset" else self.step_timeout
+        self.queue[w].append((slot, cmd, timeout))
         try:
-            while not conn.poll(0.05):
-                if proc.poll() is not None:
-                    return None, f"env worker died (exit code {proc.returncode})"
-                if time.monotonic() > deadline:
-                    return None, "env worker timed out"
-            return conn.recv(), None
-        except (EOFError, OSError):
-            return None, "env worker died"
+            self.workers[w][1].send(("batch", [(cmd, slot, arg)]))
+        except (BrokenPipeError, OSError):
+            self._fail(w, "env worker died")
 
-    def _call(self, cmds_by_worker, timeout_per_cmd):
-        """cmds_by_worker: {w: [(cmd, slot, arg)]} -> {slot: reply}. Replaces dead or hung workers."""
-        out, pending = {}, {}
-        for w, cmds in cmds_by_worker.items():
-            try:
-                self.workers[w][1].send(("batch", cmds))
-                pending[w] = cmds
-            except (BrokenPipeError, OSError):
-                self._fail(w, cmds, "env worker died", out)
-        start = time.monotonic()
-        for w, cmds in pending.items():  # the workers run in parallel; collect in turn
-            replies, reason = self._receive(w, start + timeout_per_cmd * len(cmds))
-            if reason is not None:
-                self._fail(w, cmds, reason, out)
-            else:
-                out.update((slot, rep) for (_, slot, _), rep in zip(cmds, replies))
+    def pending(self):
+        """Commands sent and not answered yet (answers already waiting in `ready` excluded)."""
+        return sum(len(q) for q in self.queue)
+
+    def poll(self, timeout=0.0):
+        """Answers that have arrived, [(slot, reply)] in arrival order. timeout: seconds to wait for at least
+        one (None: until one arrives or a worker fails; 0: only what is there now). A worker past its deadline
+        or dead is replaced here."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            busy = [w for w in range(self.num_workers) if self.queue[w]]
+            if self.ready or not busy:
+                break
+            now = time.monotonic()
+            deadline = min(self.head_since[w] + self.queue[w][0][2] for w in busy)
+            wait_s = max(0.0, min(deadline - now, 0.5 if end is None else end - now))
+            conns, gone = {self.workers[w][1]: w for w in busy}, set()
+            for conn in wait(list(conns), wait_s):
+                w = conns[conn]
+                try:
+                    while self.queue[w] and conn.poll():
+                        slot, reply = conn.recv()
+                        self.queue[w].popleft()
+                        self.head_since[w] = time.monotonic()
+                        self.ready.append((slot, reply))
+                except (EOFError, OSError):
+                    gone.add(w)
+            now = time.monotonic()
+            for w in busy:
+                proc = self.workers[w][0]
+                if self.queue[w] and (w in gone or proc.poll() is not None):
+                    try:
+                        proc.wait(timeout=1)
+                    except subprocess.TimeoutExpired:
+                        pass
+                    code = proc.poll()
+                    self._fail(w, "env worker died" + (f" (exit code {code})" if code is not None else ""))
+                elif self.queue[w] and now > self.head_since[w] + self.queue[w][0][2]:
+                    self._fail(w, "env worker timed out")
+            if end is not None and time.monotonic() >= end:
+                break
+        out, self.ready = self.ready, []
+        for slot, reply in out:
+            self.stats["env_failures"] += isinstance(reply, dict) and "error" in reply
         return out
 
-    def _by_worker(self, items, cmd):
-        cmds = {}
-        for slot, arg in items:
-            cmds.setdefault(slot % self.num_workers, []).append((cmd, slot, arg))
-        return cmds
+    def clear(self):
+        """Drop every worker's games (a new set of episodes begins; blocking)."""
+        self._call([(w, "clear", None) for w in range(-self.num_workers, 0)])
+        for w in range(self.num_workers):
+            self.held[w].clear()
+        self.lost.clear()
+
+    # ---- blocking interface
+
+    def _call(self, cmds):
+        """[(slot, cmd, arg)] -> {slot: reply}, waiting for every answer."""
+        for slot, cmd, arg in cmds:
+            self.submit(slot, cmd, arg)
+        want, out = {slot for slot, _, _ in cmds}, {}
+        while want - set(out):
+            for slot, reply in self.poll(timeout=None):
+                out[slot] = reply
+        return out
 
     def reset(self, games):
         """Start a new batch: slot i plays games[i]. Returns [state or {"error"}] in slot order."""
-        self._call({w: [("clear", -1, None)] for w in range(self.num_workers)}, self.step_timeout)
-        out = self._call(self._by_worker(enumerate(games), "reset"), self.reset_timeout)
-        self.stats["resets"] += len(games)
-        self.stats["env_failures"] += sum("error" in out[i] for i in range(len(games)))
+        self.clear()
+        out = self._call([(i, "reset", g) for i, g in enumerate(games)])
         return [out[i] for i in range(len(games))]
 
     def step(self, actions):
         """actions: {slot: action text}. Returns {slot: state or {"error"}}."""
-        out = self._call(self._by_worker(actions.items(), "step"), self.step_timeout)
-        self.stats["steps"] += len(actions)
-        self.stats["env_failures"] += sum("error" in r for r in out.values())
+        out = self._call([(slot, "step", a) for slot, a in actions.items()])
         return out
 
     def worker_pids(self):
-        out = self._call({w: [("pid", -1 - w, None)] for w in range(self.num_workers)}, self.step_timeout)
-        return [out[-1 - w] for w in range(self.num_workers)]
+        out = self._call([(w, "pid", None) for w in range(-self.num_workers, 0)])
+        return [out[w] for w in range(-self.num_workers, 0)]
 
     def close(self):
         for proc, conn in self.workers:

@@ -62,6 +62,12 @@ def append_jsonl(f, record):
     os.fsync(f.fileno())
 
 
+def interrupted_message(saved_now, saved_total, planned, path):
+    """The one line a script prints on Ctrl-C (each episode was appended when it ended, so all are kept)."""
+    return (f"interrupted: {saved_total} of {planned} episodes are saved in {path} ({saved_now} by this run); "
+            "rerun the same command to resume")
+
+
 def sha256_file(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -289,7 +295,8 @@ RESUME_MAY_CHANGE = {
                                   "float rounding)",
                    "micro_tokens": "the same, by a token budget", "packing": "padded or packed micro-batches "
                                                                              "(the same loss)",
-                   "activation_checkpointing": "memory, not results"},
+                   "activation_checkpointing": "memory, not results",
+                   "lockstep": "the rollout schedule (same seeds, same episodes)"},
 }
 
 

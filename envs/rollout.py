@@ -1,10 +1,16 @@
-"""The multi-turn rollout loop: plays a batch of episodes, one batched generation call per step.
+"""The multi-turn rollout loop: plays a set of episodes, each at its own pace.
 
-Env-agnostic: it calls only the env interface (envs/__init__.py). Each step of each live episode: build the
-plain prompt (last k history entries; the oldest dropped first while the chat-templated prompt is over
-`max_prompt_tokens`), generate, parse the action, step the env, and record everything a later stage needs to
-rebuild the same prompt (with or without a skill), score the same response tokens, and serialize the episode
-for the analyzer (the record schema: envs/records.py).
+Env-agnostic: it calls only the env interface (envs/__init__.py). Each episode is its own flow: reset; then,
+step after step, build the plain prompt (last k history entries; the oldest dropped first while the
+chat-templated prompt is over `max_prompt_tokens`), submit it to the engine, and when that response is in,
+parse the action and send it to the env workers without waiting; when the env answers, the next prompt. The
+engine batches whatever requests are in flight (vLLM: token by token), so no episode waits for another's long
+response, and the GPU generates while the env workers step. SEED's self-analysis of an episode goes to the
+same engine the moment that episode ends. `lockstep=True` keeps the old schedule (every live episode
+generates, then every env steps) for comparison. Every record needed later is kept: what rebuilds the same
+prompt (with or without a skill), the same response tokens to score, and the episode for the analyzer (the
+record schema below). Sampling seeds depend on (run seed, episode id, step) only, so the episodes are the
+same whatever order they end in.
 
 Reward: the env's (`env.reward`: ALFWorld +10 at the step the game is won, minus the invalid-step penalty);
 return = sum; success = won. An episode ends when won, when the env says done, after `max_steps`, or on an
@@ -25,6 +31,7 @@ evaluate.py and the summaries (E).
 | return, length, success, score | sum of step rewards; steps played; won; final score in [0, 1] | A R E |
 | env_failure | None, or why the env broke (the episode is dropped from training and summaries) | A R E |
 | prompt_too_long, history_truncations, truncated_responses | counters of the length limits | E |
+| analysis | the self-analysis answer (text; None: not analyzed), only where an analyzer was given (seed_rl.py) | R |
 
 | step key | meaning | read by |
 | --- | --- | --- |
@@ -36,6 +43,7 @@ evaluate.py and the summaries (E).
 | observation, admissible | what the agent saw before acting (rebuilds the prompt with a skill) | A R |
 | reward, done, won, score, feedback | the env's answer to the step | A E |
 """
+import collections
 import time
 
 from envs import load_env
@@ -81,89 +89,222 @@ def new_episode(env, spec, state):
 
 def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=5, max_prompt_tokens=2048,
                   max_new_tokens=512, temperature=0.4, invalid_fallback=None, invalid_penalty=None,
-                  invalid_rule="public", progress=None):
-    """env: the env module; specs: one task dict per episode (its task fields plus group, rollout, seed, uid).
+                  invalid_rule="public", max_live=None, lockstep=False, analyzer=None, analysis_prompt=None,
+                  analysis_max_new_tokens=4096, on_episode=None, progress=None):
+    """Play one episode per spec; each episode is its own flow (reset -> prompt -> generate -> parse -> env
+    step -> prompt ...), and moves on as soon as its own response or env answer is in.
+
+    env: the env module; specs: one task dict per episode (its task fields plus group, rollout, seed, uid);
+    pool: an EnvPool (at least min(len(specs), max_live) slots are used); policy: a backend (envs/backends.py).
+    max_live: episodes in play at once (default: all); a new one starts the moment one ends.
+    lockstep: the old schedule, kept for comparison (benchmarks/rollout_async.py): episodes start in batches of
+      max_live, every live episode generates, then every env steps, turn after turn; analyses start when the
+      whole batch has ended.
+    analyzer, analysis_prompt, analysis_max_new_tokens: SEED's self-analysis (seed_rl.py). When an episode
+      ends (without an env failure), analysis_prompt(episode) gives its prompt ids (None: no analysis) and the
+      analyzer (the policy's own engine in SEED) answers greedily; the text lands in episode["analysis"].
     invalid_rule: 'public' (the env's validity rule, as the paper's public code) or 'strict' (a well-formed
-    action that is not admissible is invalid too: the stricter ablation). Either way each step records whether
-    its action was admissible (`admissible_action`, the env's `is_admissible`; None where that does not apply).
-    Returns (episodes, timings) where timings = seconds spent in {'reset','generate','parse','env'}."""
+      action that is not admissible is invalid too: the stricter ablation). Either way each step records whether
+      its action was admissible (`admissible_action`, the env's `is_admissible`; None where that does not apply).
+    on_episode(episode): called the moment an episode is complete (collect.py and evaluate.py write it then);
+    progress(done, total) likewise.
+    Returns (episodes in spec order, timings): see `Clock`."""
     invalid_penalty = env.PRESET["invalid_penalty"] if invalid_penalty is None else invalid_penalty
     # Qwen3 with thinking off writes no <think> block of its own (the empty one is in the prompt): no think rule
     require_think = requires_think_tags(tokenizer)
-    timings = {"reset": 0.0, "generate": 0.0, "parse": 0.0, "env": 0.0}
-    t0 = time.perf_counter()
-    states = pool.reset(specs)  # each worker builds its game from the task dict (env.make_game)
-    timings["reset"] += time.perf_counter() - t0
-    episodes = [new_episode(env, s, st) for s, st in zip(specs, states)]
+    n = len(specs)
+    episodes = [None] * n
+    todo = collections.deque(range(n))  # episodes not started yet
+    free = list(range(min(n, max_live or n)))[::-1]  # env slots
+    slot_of, on_env = {}, {}  # episode -> its env slot while it plays; slot -> episode with a command pending
+    ready, acting, stepping = [], {}, {}  # env answered: prompt due; parsed: action due; action sent: step records
+    to_analyze, requests = [], {}  # ended episodes whose analysis is due; request id -> (episode, kind)
+    backends = [policy] + ([analyzer] if analyzer is not None and analyzer is not policy else [])
+    finished = 0
+    clock = Clock()
+    pool.clear()
 
-    for t in range(max_steps):
-        live = [i for i, ep in enumerate(episodes) if not ep["done"]]
-        if not live:
-            break
-        # ---- prompts (plain: no skill), oldest history dropped first when over the limit
-        t0 = time.perf_counter()
-        prompts, ready = [], []
-        for i in live:
-            ep = episodes[i]
-            fit = fit_prompt(tokenizer, ep, t, history, max_prompt_tokens)
-            if fit is None:  # cannot happen with ALFWorld at 2,048 tokens; never crash on it
-                ep.update(prompt_too_long=True, done=True)
-                continue
-            ep["history_truncations"] += fit[2] < min(history, t)
-            prompts.append(fit)
-            ready.append(i)
-        timings["parse"] += time.perf_counter() - t0
-        if not ready:
-            break
-        # ---- generate
-        t0 = time.perf_counter()
-        gens = policy.generate([ids for _, ids, _ in prompts], max_new_tokens=max_new_tokens,
-                               temperature=temperature, contexts=[episodes[i] for i in ready],
-                               seeds=[sample_seed(episodes[i].get("seed", 0), episodes[i].get("uid", i), t)
-                                      for i in ready])
-        timings["generate"] += time.perf_counter() - t0
-        # ---- parse
-        t0 = time.perf_counter()
-        actions, parsed = {}, {}
-        for i, (text, ids, k), g in zip(ready, prompts, gens):
-            ep = episodes[i]
-            action, valid, reason = env.parse_action(g.text, ep["_admissible"], require_think=require_think)
-            admissible = env.is_admissible(action, ep["_admissible"])  # None: the env has no such list
-            if invalid_rule == "strict" and valid and admissible is False:
-                valid, reason = False, "not_admissible"
-            actions[i] = env.action_to_execute(g.text, action, invalid_fallback)
-            parsed[i] = dict(step=t + 1, prompt=text, prompt_ids=list(ids), history_used=k,
-                             response=g.text, response_ids=list(g.token_ids), response_logprobs=g.logprobs,
-                             truncated=g.finish_reason == "length", action=action, executed=actions[i],
-                             valid=valid, invalid_reason=reason, admissible_action=admissible, observation=ep["_obs"],
-                             admissible=list(ep["_admissible"]))
-        timings["parse"] += time.perf_counter() - t0
-        # ---- env
-        t0 = time.perf_counter()
-        results = pool.step(actions)
-        timings["env"] += time.perf_counter() - t0
-        for i, rec in parsed.items():
-            ep, st = episodes[i], results[i]
-            if "error" in st:
-                ep.update(env_failure=st["error"], done=True)
-                continue
-            reward = env.reward(st, rec["valid"], invalid_penalty)
-            rec.update(reward=reward, done=st["done"] or t + 1 == max_steps, won=st["won"],
-                       score=st.get("score", float(st["won"])), feedback=st["observation"])
-            ep["steps"].append(rec)
-            ep["return"] += reward
-            ep["truncated_responses"] += rec["truncated"]
-            ep.update(length=len(ep["steps"]), success=st["won"], score=rec["score"], done=rec["done"],
-                      _obs=st["observation"], _admissible=st["admissible"])
-        if progress is not None:
-            progress(sum(ep["done"] for ep in episodes), len(episodes))
-
-    for ep in episodes:
-        ep.pop("_obs", None)
-        ep.pop("_admissible", None)
-        ep.pop("done", None)
+    def end(i):
+        """The episode's env part is over: free its slot, then analyze it or hand it over."""
+        ep = episodes[i]
+        free.append(slot_of.pop(i))
+        for k in ("_obs", "_admissible", "done"):
+            ep.pop(k, None)
         ep["return"] = round(ep["return"], 6)
-    return episodes, timings
+        ids = None
+        if analyzer is not None:
+            ep["analysis"] = None
+            ids = None if ep["env_failure"] else analysis_prompt(ep)
+        if ids is not None:
+            to_analyze.append((i, ids))
+        else:
+            complete(i)
+
+    def complete(i):
+        nonlocal finished
+        finished += 1
+        if on_episode is not None:
+            on_episode(episodes[i])
+        if progress is not None:
+            progress(finished, n)
+
+    def generating():
+        return sum(kind == "generate" for _, kind in requests.values())
+
+    def load():
+        clock.load(generate=generating(), analysis=len(requests) - generating(), env=len(on_env))
+
+    while finished < n:
+        # ---- start episodes on free env slots; lockstep: a new batch once the last one is over
+        if todo and free and not (lockstep and (slot_of or requests or to_analyze)):
+            while todo and free:
+                i, s = todo.popleft(), free.pop()
+                slot_of[i], on_env[s] = s, i
+                pool.submit(s, "reset", specs[i])  # the worker builds the game from the task dict (env.make_game)
+        load()
+
+        # ---- env answers; wait for one only when the engines have nothing in flight
+        clock.lap("parse")
+        answers = pool.poll(timeout=None if on_env and not requests else 0)
+        clock.lap("reset" if on_env and all(episodes[i] is None for i in on_env.values()) else "env")
+        for s, st in answers:
+            i = on_env.pop(s)
+            if episodes[i] is None:  # its reset
+                episodes[i] = new_episode(env, specs[i], st)
+                (end if episodes[i]["done"] else ready.append)(i)
+            elif record_step(env, episodes[i], stepping.pop(i), st, invalid_penalty, max_steps):
+                end(i)
+            else:
+                ready.append(i)
+        load()
+
+        # ---- prompts (plain: no skill), oldest history dropped first when over the limit; lockstep: once
+        #      every live episode's env has answered
+        if ready and not (lockstep and (on_env or generating())):
+            for i in ready:
+                ep = episodes[i]
+                t = len(ep["steps"])
+                fit = fit_prompt(tokenizer, ep, t, history, max_prompt_tokens)
+                if fit is None:  # cannot happen with ALFWorld at 2,048 tokens; never crash on it
+                    ep.update(prompt_too_long=True, done=True)
+                    end(i)
+                    continue
+                ep["history_truncations"] += fit[2] < min(history, t)
+                ep["_prompt"] = fit
+                requests[f"{i}/{t}"] = (i, "generate")
+                policy.submit(f"{i}/{t}", fit[1], max_new_tokens=max_new_tokens, temperature=temperature,
+                              seed=sample_seed(ep.get("seed", 0), ep.get("uid", i), t), context=ep)
+            ready = []
+        # ---- self-analyses of ended episodes (same engine, greedy); lockstep: once the batch is over
+        if to_analyze and not (lockstep and slot_of):
+            for i, ids in to_analyze:
+                requests[f"{i}/analysis"] = (i, "analysis")
+                # no log-probs: nothing uses the analysis's, and HF `generate` would keep [B, T, V] logits
+                analyzer.submit(f"{i}/analysis", ids, max_new_tokens=analysis_max_new_tokens, temperature=0.0,
+                                want_logprobs=False, context=episodes[i])
+            to_analyze = []
+        load()
+
+        # ---- engines: one poll each (vLLM: one engine step; HF and scripted: every request they hold)
+        for backend in backends:
+            if not backend.in_flight():
+                continue
+            clock.lap("parse")
+            outs = backend.poll()
+            clock.lap("generate" if generating() else "analysis")
+            for rid, g in outs:
+                i, kind = requests.pop(rid)
+                if kind == "analysis":
+                    episodes[i]["analysis"] = g.text
+                    complete(i)
+                else:
+                    acting[i] = parse_step(env, episodes[i], g, require_think, invalid_rule, invalid_fallback)
+        load()
+
+        # ---- actions to the env workers; lockstep: once every response of the turn is in
+        if acting and not (lockstep and generating()):
+            for i, rec in acting.items():
+                stepping[i], on_env[slot_of[i]] = rec, i
+                pool.submit(slot_of[i], "step", rec["executed"])
+            acting = {}
+        load()
+    return episodes, clock.result()
+
+
+def parse_step(env, ep, g, require_think, invalid_rule, invalid_fallback):
+    """The step record of a response: the prompt it came from, the response, the parsed action and the
+    validity rule's verdict, and what the agent saw (the env's answer is added by `record_step`)."""
+    text, ids, k = ep.pop("_prompt")
+    action, valid, reason = env.parse_action(g.text, ep["_admissible"], require_think=require_think)
+    admissible = env.is_admissible(action, ep["_admissible"])  # None: the env has no such list
+    if invalid_rule == "strict" and valid and admissible is False:
+        valid, reason = False, "not_admissible"
+    return dict(step=len(ep["steps"]) + 1, prompt=text, prompt_ids=list(ids), history_used=k, response=g.text,
+                response_ids=list(g.token_ids), response_logprobs=g.logprobs, truncated=g.finish_reason == "length",
+                action=action, executed=env.action_to_execute(g.text, action, invalid_fallback), valid=valid,
+                invalid_reason=reason, admissible_action=admissible, observation=ep["_obs"],
+                admissible=list(ep["_admissible"]))
+
+
+def record_step(env, ep, rec, st, invalid_penalty, max_steps):
+    """Add the env's answer st to the step record and the step to the episode. Returns True if it ended."""
+    if "error" in st:
+        ep.update(env_failure=st["error"], done=True)
+        return True
+    reward = env.reward(st, rec["valid"], invalid_penalty)
+    rec.update(reward=reward, done=st["done"] or rec["step"] == max_steps, won=st["won"],
+               score=st.get("score", float(st["won"])), feedback=st["observation"])
+    ep["steps"].append(rec)
+    ep["return"] += reward
+    ep["truncated_responses"] += rec["truncated"]
+    ep.update(length=len(ep["steps"]), success=st["won"], score=rec["score"], done=rec["done"],
+              _obs=st["observation"], _admissible=st["admissible"])
+    return ep["done"]
+
+
+class Clock:
+    """Where a rollout's wall time went, two ways (the engine and the env workers now overlap).
+
+    phases (seconds; they do not overlap and sum to `wall`): what the loop was waiting for
+      generate   the engine, with rollout requests in flight (vLLM: engine steps; HF: its generate calls)
+      analysis   the engine, with only self-analysis requests in flight
+      env, reset the env workers, with nothing in flight on the engine (env: steps; reset: only resets pending)
+      parse      the loop's own work: prompts, chat template, parsing, records, bookkeeping
+    busy_* (seconds; they overlap): how long each had work in flight, whether or not the loop waited for it
+      busy_generate, busy_analysis   rollout / analysis requests on the engine
+      busy_gpu                       either (the engine's busy time; its share of `wall` is the GPU busy share)
+      busy_env                       env commands (resets or steps) in the workers
+    """
+    PHASES = ("reset", "generate", "analysis", "env", "parse")
+
+    def __init__(self):
+        self.t0 = self.last = time.perf_counter()
+        self.phases = dict.fromkeys(self.PHASES, 0.0)
+        self.busy = dict.fromkeys(("generate", "analysis", "gpu", "env"), 0.0)
+        self.since, self.counts = {}, {}
+
+    def lap(self, phase):
+        """The time since the last lap went to `phase`."""
+        now = time.perf_counter()
+        self.phases[phase] += now - self.last
+        self.last = now
+
+    def load(self, **counts):
+        """How much is in flight now, per resource (generate, analysis, env)."""
+        self.counts.update(counts)
+        self.counts["gpu"] = self.counts.get("generate", 0) + self.counts.get("analysis", 0)
+        now = time.perf_counter()
+        for k, c in self.counts.items():
+            if c and k not in self.since:
+                self.since[k] = now
+            elif not c and k in self.since:
+                self.busy[k] += now - self.since.pop(k)
+
+    def result(self):
+        self.lap("parse")
+        for k in list(self.since):
+            self.busy[k] += self.last - self.since.pop(k)
+        return {**self.phases, "wall": self.last - self.t0, **{f"busy_{k}": v for k, v in self.busy.items()}}
 
 
 def summarize_episodes(episodes, env=None):

@@ -54,3 +54,27 @@ def tiny_trajectories(tmp_path_factory):
     run_script(["collect.py", "--model", "tiny", "--tasks", "6", "--rollouts", "1", "--max-steps", "3",
                 "--max-new-tokens", "16", "--workers", "2", "--out", str(out)])
     return out
+
+
+def interrupt(args, path, lines=1, timeout=300):
+    """Start a project script in its own session and press Ctrl-C (SIGINT to its whole process group, as a
+    terminal does: the script and its env workers) once `path` holds `lines` complete lines. Returns
+    (return code, stdout, stderr)."""
+    import signal
+    import time
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while not (os.path.exists(path) and open(path, "rb").read().count(b"\n") >= lines):
+            assert proc.poll() is None, f"{args} ended before writing {lines} lines: {proc.communicate()}"
+            assert time.monotonic() < deadline, f"{args} wrote no {lines} lines in {timeout} s"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out, err

@@ -23,20 +23,45 @@ from envs.backends import HFBackend, VLLMBackend
 from envs.models import load_model
 
 
+class FakeEngine:
+    """vLLM's synchronous `LLMEngine` as the backend drives it: `add_request` queues a request; each `step` is one
+    forward, in which every running request gets one token, and returns the requests that finished in it
+    (output_kind FINAL_ONLY). Request k answers [100 + k, 200 + k], odd ones then stop with <|im_end|>."""
+
+    def __init__(self):
+        self.added, self.running, self.steps, self.joins = [], {}, 0, []
+
+    def add_request(self, request_id, prompt, params):
+        assert isinstance(request_id, str) and request_id not in self.running
+        k = len(self.added)
+        self.added.append((request_id, prompt, params))
+        self.joins.append((self.steps, len(self.running)))  # (engine steps so far, requests running)
+        toks = [100 + k, 200 + k] + ([151645] if k % 2 else [])
+        self.running[request_id] = dict(k=k, todo=toks[:params.max_tokens], done=[], params=params,
+                                        stop=bool(k % 2) and params.max_tokens >= 3)
+
+    def has_unfinished_requests(self):
+        return bool(self.running)
+
+    def step(self):
+        self.steps += 1
+        out = []
+        for rid, r in list(self.running.items()):
+            r["done"].append(r["todo"].pop(0))
+            if not r["todo"]:
+                del self.running[rid]
+                sp, toks = r["params"], r["done"]
+                lps = [{t: SimpleNamespace(logprob=-0.5 * (j + 1) - r["k"])} for j, t in enumerate(toks)] \
+                    if sp.logprobs is not None else None
+                out.append(SimpleNamespace(request_id=rid, finished=True, outputs=[SimpleNamespace(
+                    token_ids=toks, text="" if sp.detokenize is False else f"out{r['k']}",
+                    finish_reason="stop" if r["stop"] else "length", logprobs=lps)], finished_at=self.steps))
+        return out
+
+
 class FakeLLM:
     def __init__(self, **kw):
-        self.kw, self.calls = kw, []
-
-    def generate(self, prompts, sampling_params, use_tqdm=True):
-        self.calls.append((prompts, sampling_params))
-        outs = []
-        for i, (p, sp) in enumerate(zip(prompts, sampling_params)):
-            toks = [100 + i, 200 + i] + ([151645] if i % 2 else [])  # odd requests stop with <|im_end|>
-            lps = [{t: SimpleNamespace(logprob=-0.5 * (k + 1) - i)} for k, t in enumerate(toks)] \
-                if sp.logprobs is not None else None
-            outs.append(SimpleNamespace(outputs=[SimpleNamespace(
-                token_ids=toks, text="" if sp.detokenize is False else f"out{i}", finish_reason="stop" if i % 2 else "length", logprobs=lps)]))
-        return outs
+        self.kw, self.llm_engine = kw, FakeEngine()
 
 
 @pytest.fixture
@@ -44,9 +69,12 @@ def fake_vllm(monkeypatch):
     vllm = types.ModuleType("vllm")
     vllm.LLM = FakeLLM
     vllm.SamplingParams = lambda **kw: SimpleNamespace(**kw)
-    inputs = types.ModuleType("vllm.inputs")
-    inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+    sampling = types.ModuleType("vllm.sampling_params")
+    sampling.RequestOutputKind = SimpleNamespace(CUMULATIVE=0, DELTA=1, FINAL_ONLY=2)
+    inputs = types.ModuleType("vllm.inputs")  # vLLM 0.24: an already-rendered prompt of token ids
+    inputs.tokens_input = lambda prompt_token_ids: {"type": "token", "prompt_token_ids": prompt_token_ids}
     monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
     for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER"):
         monkeypatch.setenv(var, "x")  # the backend sets these: record the original state, so teardown restores it
@@ -63,12 +91,15 @@ def test_sampling_params_seeds_and_outputs(fake_vllm, tokenizer):
     assert "distributed_executor_backend" not in eng.llm.kw
 
     gens = eng.generate([[1, 2, 3], [4, 5]], max_new_tokens=7, temperature=1.0, seeds=[11, 2 ** 31 + 5])
-    prompts, sps = eng.llm.calls[-1]
-    assert [p["prompt_token_ids"] for p in prompts] == [[1, 2, 3], [4, 5]]
+    added = eng.llm.llm_engine.added
+    assert [p for _, p, _ in added] == [{"type": "token", "prompt_token_ids": [1, 2, 3]},
+                                        {"type": "token", "prompt_token_ids": [4, 5]}]
+    sps = [sp for _, _, sp in added]
     assert [sp.seed for sp in sps] == [11, 5]  # per request, folded into vLLM's int32 range
     for sp in sps:  # nothing left to model defaults (generation_config.json may set top_p/top_k/penalty)
         assert (sp.temperature, sp.top_p, sp.top_k, sp.repetition_penalty, sp.max_tokens) == (1.0, 1.0, 0, 1.0, 7)
         assert sp.logprobs is None  # not asked for: they cost generation speed
+        assert sp.output_kind == 2  # FINAL_ONLY: a request comes back once, finished
     assert [g.token_ids for g in gens] == [[100, 200], [101, 201, 151645]]  # the stop token kept for the trainer
     assert all(sp.detokenize is False for sp in sps)  # the backend decodes the finished responses itself
     assert [g.text for g in gens] == [tokenizer.decode([100, 200]), tokenizer.decode([101, 201])]
@@ -76,7 +107,39 @@ def test_sampling_params_seeds_and_outputs(fake_vllm, tokenizer):
     assert all(g.logprobs is None for g in gens)
 
     eng.generate([[1]], max_new_tokens=4, temperature=0.0)  # greedy, unseeded
-    assert eng.llm.calls[-1][1][0].seed is None and eng.llm.calls[-1][1][0].temperature == 0.0
+    assert added[-1][2].seed is None and added[-1][2].temperature == 0.0
+
+
+def test_requests_come_back_as_each_finishes(fake_vllm, tokenizer):
+    """The rollout loop's path: submit adds one request to the running engine; each poll is one engine step
+    and returns only what finished in it; a request added while others run joins the next step (continuous
+    batching); ids come back as given."""
+    eng = VLLMBackend("some/model", tokenizer, max_model_len=1024)
+    core = eng.llm.llm_engine
+    assert eng.poll() == [] and core.steps == 0  # nothing in flight: no engine step
+    eng.submit("ep0/0", [1, 2], max_new_tokens=8, temperature=1.0, seed=1)  # k=0: 2 tokens, no stop
+    eng.submit("ep1/0", [3], max_new_tokens=8, temperature=1.0, seed=2)  # k=1: 3 tokens with the stop
+    assert eng.poll() == [] and eng.in_flight() == 2
+    eng.submit("ep0/analysis", [4], max_new_tokens=1, temperature=0.0)  # k=2, joins while the others run
+    got = eng.poll()
+    assert [rid for rid, _ in got] == ["ep0/0", "ep0/analysis"] and eng.in_flight() == 1
+    assert got[0][1].token_ids == [100, 200] and got[1][1].token_ids == [102]
+    assert got[1][1].finish_reason == "length"
+    (rid, g), = eng.poll()
+    assert rid == "ep1/0" and g.token_ids == [101, 201, 151645] and g.finish_reason == "stop"
+    assert eng.in_flight() == 0 and eng.poll() == [] and core.steps == 3
+    eng.submit("x", [1], max_new_tokens=2, temperature=1.0)
+    with pytest.raises(RuntimeError, match="in flight"):  # one batch call cannot run under the loop's requests
+        eng.generate([[1]], max_new_tokens=2, temperature=1.0)
+
+
+def test_older_vllm_gets_a_tokens_prompt(fake_vllm, tokenizer, monkeypatch):
+    inputs = types.ModuleType("vllm.inputs")  # no tokens_input: a raw prompt, which vLLM preprocesses
+    inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    eng = VLLMBackend("some/model", tokenizer, max_model_len=1024)
+    eng.generate([[7, 8]], max_new_tokens=2, temperature=1.0)
+    assert eng.llm.llm_engine.added[0][1] == {"prompt_token_ids": [7, 8]}
 
 
 def test_a_users_model_runner_choice_wins(fake_vllm, tokenizer, monkeypatch):
@@ -87,11 +150,11 @@ def test_a_users_model_runner_choice_wins(fake_vllm, tokenizer, monkeypatch):
 
 def test_sampled_token_logprobs_when_asked(fake_vllm, tokenizer):
     eng = VLLMBackend("some/model", tokenizer, max_model_len=1024, want_logprobs=True)
-    gens = eng.generate([[1, 2], [3]], max_new_tokens=2, temperature=1.0, seeds=[0, 1])
-    assert all(sp.logprobs == 0 for sp in eng.llm.calls[-1][1])  # the sampled token's own log-prob only
+    gens = eng.generate([[1, 2], [3]], max_new_tokens=3, temperature=1.0, seeds=[0, 1])
+    assert all(sp.logprobs == 0 for _, _, sp in eng.llm.llm_engine.added)  # the sampled token's own log-prob only
     assert gens[0].logprobs == [-0.5, -1.0] and gens[1].logprobs == [-1.5, -2.0, -2.5]
     gens = eng.generate([[1]], max_new_tokens=2, temperature=1.0, want_logprobs=False)  # this call declines
-    assert eng.llm.calls[-1][1][0].logprobs is None and gens[0].logprobs is None
+    assert eng.llm.llm_engine.added[-1][2].logprobs is None and gens[0].logprobs is None
 
 
 def test_hf_logprobs_match_a_forward_and_a_call_can_decline(tokenizer):
@@ -108,3 +171,60 @@ def test_hf_logprobs_match_a_forward_and_a_call_can_decline(tokenizer):
     again = hf.generate(prompts, max_new_tokens=5, temperature=1.0, seeds=[1, 2], want_logprobs=False)
     assert [g.token_ids for g in again] == [g.token_ids for g in gens]  # same seeds, same samples
     assert all(g.logprobs is None for g in again)
+
+
+def test_hf_samples_do_not_depend_on_which_requests_share_a_call(tokenizer):
+    """HFBackend batches whatever it holds at each poll; a seeded request samples the same tokens whether it
+    shares the call with all others, in another order, alone, or beside a greedy request of another length."""
+    hf = HFBackend(load_model("tiny", seed=0), tokenizer, batch_size=3)
+    prompts = [[9707, 11, 1879], [40, 1079], [785, 3974, 13876, 38835], [14990]]
+
+    def run(groups, extra=False):
+        got = {}
+        for grp in groups:  # one poll per group
+            for k in grp:
+                hf.submit(k, prompts[k], max_new_tokens=6, temperature=1.0, seed=100 + k)
+            if extra:
+                hf.submit("greedy", [1, 2, 3, 4, 5], max_new_tokens=9, temperature=0.0, want_logprobs=False)
+            got.update(hf.poll())
+            assert hf.in_flight() == 0
+        return [got[k].token_ids for k in range(4)]
+
+    together = run([[0, 1, 2, 3]])  # batch_size 3: generate runs [0, 1, 2] and [3]
+    assert len({tuple(t) for t in together}) == 4
+    assert run([[3, 2, 1, 0]]) == together
+    assert run([[0], [1], [2], [3]]) == together
+    assert run([[2, 0], [3, 1]], extra=True) == together
+
+
+def test_the_rollout_loop_drives_the_engine_request_by_request(fake_vllm, tokenizer):
+    """play_episodes through VLLMBackend on the stand-in engine and fake games (tests/fake_games.py): every
+    step of every episode is one add_request with its own seed, submitted while other requests are running;
+    each self-analysis goes to the same engine, greedy, with its own token limit and no log-probs; the
+    responses recorded are the engine's."""
+    import envs.alfworld as alfworld
+    from envs.pool import EnvPool
+    from envs.rollout import play_episodes, sample_seed
+
+    eng = VLLMBackend("some/model", tokenizer, max_model_len=4096, want_logprobs=True)
+    specs = [dict(uid=f"e{i}", name=f"r{i}", seed=4, delay=0.05 * i) for i in range(3)]
+    with EnvPool("tests.fake_games:make_game", num_workers=2) as pool:
+        eps, tm = play_episodes(alfworld, specs, pool, eng, tokenizer, max_steps=3, max_new_tokens=8,
+                                temperature=1.0, analyzer=eng, analysis_prompt=lambda ep: [7, 7, 7],
+                                analysis_max_new_tokens=64)
+    core = eng.llm.llm_engine
+    rollout = {rid: (p, sp) for rid, p, sp in core.added if not rid.endswith("/analysis")}
+    analysis = [(rid, sp) for rid, _, sp in core.added if rid.endswith("/analysis")]
+    assert len(rollout) == 9 and len(analysis) == 3 and eng.in_flight() == 0
+    for i, ep in enumerate(eps):
+        assert ep["length"] == 3 and ep["analysis"] is not None
+        for t, s in enumerate(ep["steps"]):
+            prompt, sp = rollout[f"{i}/{t}"]
+            assert prompt["prompt_token_ids"] == s["prompt_ids"]
+            assert sp.seed == sample_seed(4, f"e{i}", t) % 2 ** 31 and sp.max_tokens == 8 and sp.logprobs == 0
+            assert s["response_ids"][:1] == [100 + [rid for rid, _, _ in core.added].index(f"{i}/{t}")]
+            assert len(s["response_logprobs"]) == len(s["response_ids"])
+    assert all((sp.temperature, sp.max_tokens, sp.logprobs) == (0.0, 64, None) for _, sp in analysis)
+    # continuous batching: requests joined while others were running
+    assert any(steps > 0 and running > 0 for steps, running in core.joins)
+    assert tm["busy_gpu"] > 0 and tm["generate"] > 0

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import REPO, run_script
+from conftest import REPO, interrupt, run_script
 from envs.alfworld import select_games
 from envs.records import read_jsonl
 
@@ -104,3 +104,23 @@ def test_restart_with_other_settings_is_refused(resumed):
     assert "--max-new-tokens" in res.stderr and "Traceback" not in res.stderr
     assert "seed" not in res.stderr.split("other settings")[1]  # only what changed is named
     assert (open(out, "rb").read(), open(out + ".manifest.json", "rb").read()) == before  # nothing touched
+
+
+def test_ctrl_c_saves_every_finished_episode_and_says_how_to_resume(tmp_path):
+    """Six expert episodes in play at once (2 env workers): each is written the moment it ends, so a Ctrl-C
+    after the first keeps it and those that ended since, prints one line (no tracebacks), and rerunning the
+    same command plays only the rest."""
+    out = str(tmp_path / "traj.jsonl")
+    args = ["collect.py", "--model", "expert", "--split", "valid_seen", "--tasks", "6", "--rollouts", "1",
+            "--seed", "5", "--batch-episodes", "6", "--workers", "2", "--out", out]
+    code, stdout, stderr = interrupt(args, out, lines=1)
+    saved = len(read_jsonl(out))
+    assert code == 130 and 1 <= saved < 6, (code, saved, stderr[-2000:])
+    assert "Traceback" not in stderr + stdout and "KeyboardInterrupt" not in stderr + stdout
+    last = stderr.strip().splitlines()[-1]
+    assert last == (f"interrupted: {saved} of 6 episodes are saved in {out} ({saved} by this run); "
+                    "rerun the same command to resume")
+    res = run_script(args)
+    assert f"6 episodes in this shard; {saved} already in {out}, {6 - saved} to play" in res.stdout
+    counts = collections.Counter(ep["uid"] for ep in read_jsonl(out))
+    assert len(counts) == 6 and set(counts.values()) == {1}

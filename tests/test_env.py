@@ -97,38 +97,40 @@ def _alive(pid, zombie_is_dead=False):
     return True
 
 
-def test_killed_worker_is_replaced_mid_episode(tokenizer):
+@pytest.mark.parametrize("lockstep", [True, False], ids=["lockstep", "per-episode"])
+def test_killed_worker_is_replaced_mid_episode(tokenizer, lockstep):
     from envs.backends import ExpertPolicy
     from envs.rollout import play_episodes, summarize_episodes
 
     class KillerPolicy(ExpertPolicy):
-        """The expert, except that before its `kill_at`-th generate call it SIGKILLs `pid` (a pool worker)."""
+        """The expert, except that before answering slot 0's second step it SIGKILLs `pid` (a pool worker)."""
 
-        def __init__(self, pid, kill_at):
+        def __init__(self, pid):
             super().__init__(tokenizer)
-            self.pid, self.kill_at, self.calls = pid, kill_at, 0
+            self.pid = pid
 
-        def generate(self, prompts, **kw):
-            self.calls += 1
-            if self.calls == self.kill_at:
+        def generate(self, prompts, contexts=None, **kw):
+            if any(ep["uid"] == "0" and len(ep["steps"]) == 1 for ep in contexts) and _alive(self.pid):
                 os.kill(self.pid, signal.SIGKILL)
                 for _ in range(250):  # let it die before the pool is asked to step it
                     if not _alive(self.pid, zombie_is_dead=True):
                         break
                     time.sleep(0.02)
-            return super().generate(prompts, **kw)
+            return super().generate(prompts, contexts=contexts, **kw)
 
     # 3 slots; slot i lives in worker i % 2: worker 0 holds slots 0 and 2, worker 1 holds slot 1
-    games = select_games("valid_seen", 1, tasks_per_type=1)[:3]  # Pick, Look, Clean: 4-6 steps each
-    with EnvPool("envs.alfworld:make_game", num_workers=2) as pool:
+    games = [dict(g, uid=str(i)) for i, g in enumerate(select_games("valid_seen", 1, tasks_per_type=1)[:3])]
+    with EnvPool("envs.alfworld:make_game", num_workers=2) as pool:  # Pick, Look, Clean: 4-6 steps each
         pids = pool.worker_pids()
         assert len(set(pids)) == 2 and all(_alive(p) for p in pids)
-        episodes, _ = play_episodes(alfworld, games, pool, KillerPolicy(pids[0], kill_at=2), tokenizer)
-        # worker 0 died before step 2: exactly its episodes end with an env failure after one recorded step;
+        episodes, _ = play_episodes(alfworld, games, pool, KillerPolicy(pids[0]), tokenizer, lockstep=lockstep)
+        # worker 0 died before slot 0's step 2: every game it held is lost, so exactly its episodes end with an
+        # env failure (slot 0 after one recorded step; slot 2, which plays at its own pace, after at most one);
         # worker 1's episode goes on and wins
         assert [bool(ep["env_failure"]) for ep in episodes] == [True, False, True]
         for ep in episodes[0::2]:
-            assert "env worker died" in ep["env_failure"] and ep["length"] == 1 and not ep["success"]
+            assert "env worker died" in ep["env_failure"] and not ep["success"]
+        assert episodes[0]["length"] == 1 and (episodes[2]["length"] == 1 if lockstep else episodes[2]["length"] <= 1)
         assert episodes[1]["success"] and episodes[1]["length"] == len(walkthrough(games[1]["game_file"]))
         assert pool.stats["workers_replaced"] == 1 and pool.stats["env_failures"] == 2
         summary = summarize_episodes(episodes)  # env failures are counted apart, not as policy failures

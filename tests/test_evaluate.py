@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from conftest import REPO, run_script
+from conftest import REPO, interrupt, run_script
 from envs.alfworld import TASK_TYPES, TYPE_ORDER, list_games, task_id_of, walkthrough
 from envs.records import games_sha256, read_jsonl
 
@@ -287,3 +287,21 @@ def test_report_axes_lines_and_small_numbers(tmp_path, monkeypatch):
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| seed | 3 | 0.000 | 0.000 | - | 0.022 | 6.00e-05 |" in md  # the OPD loss (last 10), not 0.0000
     assert "| `loss/opd` | seed | 3 | 3.00e-05 | 9.00e-05 |" in md
+
+
+def test_ctrl_c_saves_every_finished_episode_and_says_how_to_resume(tmp_path):
+    """As collect.py: each episode is written when it ends; Ctrl-C keeps them and prints one line."""
+    out = tmp_path / "eval"
+    traj = out / "trajectories.jsonl"
+    args = ["evaluate.py", "--model", "expert", "--splits", "valid_seen", "--limit", "6", "--workers", "2",
+            "--out", str(out)]
+    code, stdout, stderr = interrupt(args, str(traj), lines=1)
+    saved = len(read_jsonl(traj))
+    assert code == 130 and 1 <= saved < 6, (code, saved, stderr[-2000:])
+    assert "Traceback" not in stderr + stdout and "KeyboardInterrupt" not in stderr + stdout
+    assert stderr.strip().splitlines()[-1] == (f"interrupted: {saved} of 6 episodes are saved in {traj} ({saved} "
+                                               "by this run); rerun the same command to resume")
+    res = run_script(args)
+    assert f"{saved} already in {traj}, {6 - saved} to play" in res.stdout
+    assert sorted(e["uid"] for e in read_jsonl(traj)) == sorted(set(e["uid"] for e in read_jsonl(traj)))
+    assert len(read_jsonl(traj)) == 6

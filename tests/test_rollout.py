@@ -1,21 +1,23 @@
 """envs/rollout.py: the multi-turn loop (prompt -> generate -> parse -> env -> records) on real ALFWorld games
-with the real Qwen2.5 tokenizer and chat template.
+with the real Qwen2.5 tokenizer and chat template, and the loop's own schedule (each episode at its own pace)
+on deterministic fake games (tests/fake_games.py) with the tiny random model.
 
 One 2-worker EnvPool is shared by the module; the expert's 12-game run is played once and read by several
 tests. Scripted policies (below) answer with chosen texts to pin the reward rules and the end conditions.
 """
 import json
 import re
+import time
 
 import pytest
 
 import envs.alfworld as alfworld
 from envs.alfworld import INVALID_PENALTY, WIN_REWARD, select_games, walkthrough
-from envs.backends import ExpertPolicy, Generation
-from envs.models import stop_token_ids
+from envs.backends import BatchBackend, ExpertPolicy, Generation, HFBackend, ScriptedAnalyzer
+from envs.models import load_model, stop_token_ids
 from envs.pool import EnvPool
 from envs.records import read_jsonl
-from envs.rollout import format_summary, play_episodes, step_prompt, summarize_episodes
+from envs.rollout import Clock, format_summary, play_episodes, step_prompt, summarize_episodes
 from envs.alfworld import CLOSING, ROLE, build_agent_prompt
 from prompts import chat_prompt, skill_block
 
@@ -43,7 +45,7 @@ def expert_run(pool, games, tokenizer):
     return episodes, timings
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(BatchBackend):
     """Answers episode `uid` at step t with scripts[uid][t] (the last entry repeats)."""
 
     def __init__(self, tokenizer, scripts):
@@ -53,7 +55,7 @@ class ScriptedPolicy:
     def generate(self, prompts, *, contexts, **sampling):
         out = []
         for ep in contexts:
-            script = self.scripts[ep["uid"]]
+            script = self.scripts[ep["uid"]] if isinstance(self.scripts, dict) else self.scripts
             text = script[min(len(ep["steps"]), len(script) - 1)]
             out.append(Generation(self.tok(text, add_special_tokens=False)["input_ids"] + [self.eos], text, "stop"))
         return out
@@ -81,7 +83,11 @@ def test_expert_wins_through_the_full_loop(expert_run, games):
     assert summary["All"]["episodes"] == 12 and summary["env_failures"] == 0 and summary["prompt_too_long"] == 0
     assert all(summary[t]["episodes"] == 2 for t in ("Pick", "Look", "Clean", "Heat", "Cool", "Pick2"))
     assert summary["All"]["invalid_rate"] == 0.0
-    assert "All" in format_summary(summary) and set(timings) == {"reset", "generate", "parse", "env"}
+    assert "All" in format_summary(summary)
+    # the phases split the wall time; the env workers were busy most of it (the expert answers at once)
+    assert set(timings) == set(Clock.PHASES) | {"wall", "busy_generate", "busy_analysis", "busy_gpu", "busy_env"}
+    assert sum(timings[k] for k in Clock.PHASES) == pytest.approx(timings["wall"], rel=1e-6)
+    assert timings["analysis"] == timings["busy_analysis"] == 0.0 and timings["busy_env"] > 0.5 * timings["wall"]
 
 
 def test_expert_records_and_rewards(expert_run, tokenizer):
@@ -137,28 +143,44 @@ def test_rewards_returns_and_max_steps(pool, games, tokenizer):
     specs = [dict(win_game, uid="win"), dict(idle_game, uid="idle")]
     (win, idle), _ = play_episodes(alfworld, specs, pool, ScriptedPolicy(tokenizer, scripts), tokenizer, max_steps=max_steps)
 
-    # invalid steps cost 0.1 at that step; a win gives 10 at that step (also when that step is invalid)
+    # The public code's rule: a well-formed inadmissible action is VALID (it only wastes the step, and is recorded
+    # as not admissible); no action tags or no think tags are invalid. Invalid steps cost 0.1 at that step; a win
+    # gives 10 at that step (also when that step is invalid)
     assert [s["invalid_reason"] for s in win["steps"]] == \
-        ["not_admissible", "no_action_tags"] + [""] * (len(plan) - 1) + ["no_think_tags"]
-    assert [s["executed"] for s in win["steps"][:2]] == ["fly to the moon", "I would rather wait here."]
+        ["", "no_action_tags"] + [""] * (len(plan) - 1) + ["no_think_tags"]
+    assert [s["admissible_action"] for s in win["steps"][:2]] == [False, False]
+    assert all(s["admissible_action"] for s in win["steps"][2:])
+    # without tags the env runs the last 30 characters of the lower-cased response
+    assert [s["executed"] for s in win["steps"][:2]] == ["fly to the moon", "i would rather wait here."]
     assert [s["feedback"] for s in win["steps"][:2]] == ["Nothing happens.", "Nothing happens."]
-    expected = [-INVALID_PENALTY, -INVALID_PENALTY] + [0.0] * (len(plan) - 1) + [WIN_REWARD - INVALID_PENALTY]
+    expected = [0.0, -INVALID_PENALTY] + [0.0] * (len(plan) - 1) + [WIN_REWARD - INVALID_PENALTY]
     assert [s["reward"] for s in win["steps"]] == pytest.approx(expected)
-    assert win["return"] == pytest.approx(sum(expected)) == pytest.approx(10 - 3 * 0.1)
+    assert win["return"] == pytest.approx(sum(expected)) == pytest.approx(10 - 2 * 0.1)
     assert win["success"] and win["length"] == len(plan) + 2 < max_steps and win["steps"][-1]["done"]
 
-    # max steps ends the episode: exactly max_steps steps, the last one done, no win; return = sum
+    # max steps ends the episode: exactly max_steps steps, the last one done, no win; return = sum. "jump" is
+    # not admissible: valid under the public rule, so nothing is penalised; half the steps are inadmissible
     assert idle["length"] == len(idle["steps"]) == max_steps and not idle["success"] and idle["env_failure"] is None
     assert [s["done"] for s in idle["steps"]] == [False] * (max_steps - 1) + [True]
     assert not any(s["won"] for s in idle["steps"])
+    assert all(s["valid"] for s in idle["steps"]) and idle["return"] == 0.0
+    assert [s["admissible_action"] for s in idle["steps"]] == [t % 2 == 0 for t in range(max_steps)]
+    assert all(s["feedback"] == "Nothing happens." for s in idle["steps"][1::2])
+    summary = summarize_episodes([win, idle])
+    assert summary["All"]["success"] == 0.5
+    assert summary["All"]["invalid_rate"] == pytest.approx(2 / (win["length"] + max_steps))
+    assert summary["All"]["inadmissible_rate"] == pytest.approx((2 + max_steps // 2) / (win["length"] + max_steps))
+
+    # --invalid-rule strict (the ablation): an inadmissible action is invalid too and costs the penalty
+    (win, idle), _ = play_episodes(alfworld, specs, pool, ScriptedPolicy(tokenizer, scripts), tokenizer,
+                                   max_steps=max_steps, invalid_rule="strict")
+    assert [s["invalid_reason"] for s in win["steps"]] == \
+        ["not_admissible", "no_action_tags"] + [""] * (len(plan) - 1) + ["no_think_tags"]
+    assert win["return"] == pytest.approx(10 - 3 * 0.1)
     assert [s["valid"] for s in idle["steps"]] == [t % 2 == 0 for t in range(max_steps)]
     assert [s["reward"] for s in idle["steps"]] == pytest.approx([0.0 if t % 2 == 0 else -INVALID_PENALTY
                                                                   for t in range(max_steps)])
     assert idle["return"] == pytest.approx(-INVALID_PENALTY * (max_steps // 2))
-    assert all(s["feedback"] == "Nothing happens." for s in idle["steps"][1::2])
-    summary = summarize_episodes([win, idle])
-    assert summary["All"]["success"] == 0.5
-    assert summary["All"]["invalid_rate"] == pytest.approx((3 + max_steps // 2) / (win["length"] + max_steps))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -233,3 +255,128 @@ def test_recorded_prompt_and_response_ids_round_trip(tiny_trajectories, tokenize
             assert not stops & set(ids[:-1])
             assert s["truncated"] == (ids[-1] not in stops) and s["truncated"] == (len(ids) == 16 and ids[-1] not in stops)
     assert n_steps >= 6
+
+
+# ----------------------------------------------------------------------------------------------------
+# The schedule: each episode at its own pace (deterministic fake games, tests/fake_games.py)
+
+ACT = "<think>try the door</think><action>go north</action>"
+
+
+def fake_specs(n, **per_uid):
+    """n episodes of the fake game; per_uid: {uid: extra spec fields} (win_at, delay, hang_at, raise_at)."""
+    return [dict(uid=f"e{i}", name=f"r{i}", seed=11, group=i // 2, rollout=i % 2, **per_uid.get(f"e{i}", {}))
+            for i in range(n)]
+
+
+def trace(episodes):
+    """{uid: what an episode is}: the sampled tokens, actions, rewards, end; log-probs kept apart (floats)."""
+    return {ep["uid"]: dict(ids=[s["response_ids"] for s in ep["steps"]], executed=[s["executed"] for s in ep["steps"]],
+                            reward=[s["reward"] for s in ep["steps"]], prompts=[s["prompt_ids"] for s in ep["steps"]],
+                            ret=ep["return"], failure=ep["env_failure"]) for ep in episodes}
+
+
+def test_same_episodes_whatever_the_order_batching_and_schedule(tokenizer):
+    """The tiny random model samples the same episodes whether they play in lockstep, each at its own pace with
+    answers arriving out of order (steps of 0-0.3 s), two at a time in reverse order, or one at a time: every
+    sample depends only on its own seed, not on which requests share a `generate` call."""
+    hf = HFBackend(load_model("tiny", seed=0), tokenizer, want_logprobs=True)
+    specs = fake_specs(5, **{f"e{i}": dict(delay=0.1 * ((3 * i) % 4)) for i in range(5)})
+    kw = dict(max_steps=3, max_new_tokens=8, temperature=1.0)
+    calls = []
+    generate = hf.generate
+    hf.generate = lambda prompts, **k: (calls.append(len(prompts)), generate(prompts, **k))[1]  # batch sizes
+    with EnvPool("tests.fake_games:make_game", num_workers=2) as pool:
+        runs = {"lockstep": play_episodes(alfworld, specs, pool, hf, tokenizer, lockstep=True, **kw)[0]}
+        lockstep_calls, calls[:] = list(calls), []
+        runs["per-episode"] = play_episodes(alfworld, specs, pool, hf, tokenizer, **kw)[0]
+        per_episode_calls = list(calls)
+        slots, submit = set(), pool.submit
+        pool.submit = lambda slot, cmd, arg=None: (cmd == "reset" and slots.add(slot), submit(slot, cmd, arg))[1]
+        runs["two at a time, reversed"] = play_episodes(alfworld, specs[::-1], pool, hf, tokenizer, max_live=2,
+                                                        **kw)[0][::-1]
+        runs["one at a time"] = play_episodes(alfworld, specs, pool, hf, tokenizer, max_live=1, **kw)[0]
+    assert lockstep_calls == [5, 5, 5]  # one call per turn over every live episode
+    assert sum(per_episode_calls) == 15 and len(per_episode_calls) > 3  # requests batched as they came
+    assert slots == {0, 1}  # never more than max_live episodes in play
+    ref = runs["lockstep"]
+    assert [ep["uid"] for ep in ref] == [s["uid"] for s in specs] and all(len(ep["steps"]) == 3 for ep in ref)
+    assert len({tuple(map(tuple, t["ids"])) for t in trace(ref).values()}) == 5  # the samples do differ
+    for name, eps in runs.items():
+        assert [ep["uid"] for ep in eps] == [s["uid"] for s in specs], name  # returned in spec order
+        assert trace(eps) == trace(ref), name
+        for a, b in zip(eps, ref):
+            for sa, sb in zip(a["steps"], b["steps"]):
+                assert sa["response_logprobs"] == pytest.approx(sb["response_logprobs"], abs=1e-4), name
+
+
+class Answer(BatchBackend):
+    """Every request answered with one fixed text; each `generate` call is logged as (tag, uids)."""
+
+    def __init__(self, tokenizer, text, log, tag):
+        self.ids, self.text, self.log, self.tag = tokenizer(text)["input_ids"], text, log, tag
+
+    def generate(self, prompts, *, contexts, **kw):
+        self.log.append((self.tag, sorted(ep["uid"] for ep in contexts)))
+        return [Generation(self.ids, self.text, "stop") for _ in prompts]
+
+
+class LoggedAnalyzer(ScriptedAnalyzer):
+    def __init__(self, tokenizer, log):
+        super().__init__(tokenizer)
+        self.log = log
+
+    def generate(self, prompts, *, contexts, **kw):
+        self.log.append(("analysis", sorted(ep["uid"] for ep in contexts)))
+        return super().generate(prompts, contexts=contexts, **kw)
+
+
+@pytest.mark.parametrize("lockstep", [False, True], ids=["per-episode", "lockstep"])
+def test_self_analysis_starts_as_each_episode_ends(tokenizer, lockstep):
+    """e0 wins at step 1, e1 at step 2, e2 plays all 4 slow steps, e3's game breaks: per episode, e0's analysis
+    is written while e2 still plays; in lockstep, after the last episode. Either way the same answers, none for
+    the env failure or where the analysis prompt is None (too long), and each episode is handed over once,
+    complete."""
+    log, done = [], []
+    specs = fake_specs(4, e0=dict(win_at=1), e1=dict(win_at=2), e2=dict(delay=0.3), e3=dict(raise_at=1))
+    with EnvPool("tests.fake_games:make_game", num_workers=2) as pool:
+        eps, tm = play_episodes(alfworld, specs, pool, Answer(tokenizer, ACT, log, "generate"), tokenizer,
+                                max_steps=4, lockstep=lockstep, analyzer=LoggedAnalyzer(tokenizer, log),
+                                analysis_prompt=lambda ep: None if ep["uid"] == "e1" else [1, 2, 3],
+                                on_episode=lambda ep: done.append(dict(ep)),
+                                progress=lambda k, n: log.append(("progress", k, n)))
+    assert [(ep["success"], ep["length"], bool(ep["env_failure"])) for ep in eps] == \
+        [(True, 1, False), (True, 2, False), (False, 4, False), (False, 0, True)]
+    assert "this game is broken" in eps[3]["env_failure"]
+    assert [ep["analysis"] is not None for ep in eps] == [True, False, True, False]
+    assert json.loads(eps[0]["analysis"])["episode_skill"].startswith("Follow this order")
+    analyzed = [u for tag, *rest in log if tag == "analysis" for u in rest[0]]
+    assert sorted(analyzed) == ["e0", "e2"]
+    last_generate = max(k for k, (tag, *_) in enumerate(log) if tag == "generate")
+    first_analysis = min(k for k, (tag, *_) in enumerate(log) if tag == "analysis")
+    if lockstep:  # the old schedule: every analysis after every episode's last step
+        assert first_analysis > last_generate
+    else:  # e0's analysis while e2 is still generating
+        assert first_analysis < last_generate and "e0" in log[first_analysis][1]
+    # handed over once each, complete (its analysis in), with the bar moving one episode at a time
+    assert sorted(ep["uid"] for ep in done) == ["e0", "e1", "e2", "e3"]
+    assert all(ep == eps[int(ep["uid"][1])] for ep in done)
+    assert [x[1:] for x in log if x[0] == "progress"] == [(k, 4) for k in range(1, 5)]
+
+
+def test_failures_and_a_hung_worker_do_not_stop_the_others(tokenizer):
+    """Worker 1 (slots 1 and 3) hangs in e1's step 2: it is killed after the step timeout and both its games are
+    lost (env failures), e2's game raises at step 1 (its own failure only), e0 plays to the end. Nothing waits
+    for the hung step longer than the timeout."""
+    specs = fake_specs(4, e1=dict(hang_at=2), e2=dict(raise_at=1))
+    with EnvPool("tests.fake_games:make_game", num_workers=2, step_timeout=3.0) as pool:
+        t0 = time.monotonic()
+        eps, _ = play_episodes(alfworld, specs, pool, ScriptedPolicy(tokenizer, [ACT]), tokenizer, max_steps=5)
+        took = time.monotonic() - t0
+        assert pool.stats["workers_replaced"] == 1
+    assert took < 30, f"the loop waited {took:.0f}s on a hung worker"
+    assert eps[0]["env_failure"] is None and eps[0]["length"] == 5
+    assert eps[1]["env_failure"] == "env worker timed out" and eps[1]["length"] == 1
+    assert eps[3]["env_failure"] == "env worker timed out" and eps[3]["length"] <= 2
+    assert "this game is broken" in eps[2]["env_failure"] and eps[2]["length"] == 0
+    assert summarize_episodes(eps)["env_failures"] == 3

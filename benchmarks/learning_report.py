@@ -1,0 +1,494 @@
+"""The learning report: every kept run of results/learning/runs.jsonl, SEED beside GRPO, with honest intervals.
+
+    python benchmarks/learning_report.py                      # results/learning -> results/learning/report/
+    python benchmarks/learning_report.py --results-dir /tmp/learning-smoke --out /tmp/learning-smoke/report
+
+Runs are pooled by group (env + config + start label, benchmarks/learning.py); groups are never mixed. Per group:
+- per method and update, the mean over seeds and its 95% Student-t interval (n - 1 degrees of freedom);
+- per update, the paired difference SEED - GRPO over the matched seeds (the seeds both methods ran: same task
+  stream and sampling seeds, so update 1 plays the same episodes in both), its mean and 95% t-interval;
+- per method, the change from the first to the last update of each run, and from the start to the end policy on
+  the held-out tasks (plain prompt), each over seeds with its interval; SEED - GRPO at the end, paired;
+- statements that say only what those intervals support (`difference_statement`, `change_statement`);
+- figures (matplotlib; without it the report is text only), report.md and report.json.
+Every kept run counts: to drop one, delete its line from runs.jsonl. `--exclude RUN_ID` leaves one out here.
+"""
+import argparse
+import functools
+import json
+import math
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from envs.records import read_jsonl  # noqa: E402
+
+# (key in the record's per-update rows, label): the curves; the first six also as SEED - GRPO differences
+CURVES = [("invalid", "invalid-action rate"), ("inadmissible", "inadmissible-action rate"),
+          ("return", "mean return"), ("success", "success rate (EM for Search)"), ("length", "episode length"),
+          ("kl", "KL to the reference"), ("parse_rate", "skill parse rate"), ("teacher_coverage", "teacher coverage"),
+          ("gate_mean", "OPD gate mean"), ("gate_active", "OPD gate active ratio")]
+DIFFS = CURVES[:6]
+EVAL_KEYS = [("invalid", "invalid %"), ("inadmissible", "inadmissible %"), ("success", "success %"),
+             ("score", "score %"), ("length", "episode length")]
+METHOD_ORDER = ["seed", "grpo"]
+LABEL = {"seed": "SEED", "grpo": "GRPO"}
+LEVEL = 0.95
+
+
+# ====================================================================================================
+# Statistics (pure functions; tests/test_learning_report.py checks them against hand-computed values)
+
+def _betacf(a, b, x):
+    """Continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        for aa in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                   -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def betainc(a, b, x):
+    """The regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t, df):
+    """P(T <= t) for Student's t with df degrees of freedom."""
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+@functools.lru_cache(maxsize=None)
+def t_quantile(p, df):
+    """The p-quantile of Student's t (p in (0.5, 1)), by bisection on t_cdf: t_quantile(0.975, 2) = 4.303."""
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(60):  # 2^-60 of the bracket: far below any printed digit
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def mean_ci(values, level=LEVEL):
+    """{n, mean, sd, lo, hi}: the mean of the values and its Student-t interval, mean -+ t(n-1) * sd / sqrt(n)
+    (sd with n - 1). None values are dropped; with fewer than 2 values there is no interval (lo = hi = None)."""
+    xs = [float(v) for v in values if v is not None]
+    n = len(xs)
+    if n == 0:
+        return {"n": 0, "mean": None, "sd": None, "lo": None, "hi": None}
+    m = sum(xs) / n
+    if n < 2:
+        return {"n": 1, "mean": m, "sd": None, "lo": None, "hi": None}
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    h = t_quantile(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n)
+    return {"n": n, "mean": m, "sd": sd, "lo": m - h, "hi": m + h}
+
+
+def paired(a, b):
+    """a, b: {seed: value}. The seeds where both have a value, and the differences a - b, in seed order."""
+    seeds = sorted(s for s in a if s in b and a[s] is not None and b[s] is not None)
+    return seeds, [a[s] - b[s] for s in seeds]
+
+
+def side(ci):
+    """Where an interval lies: 'above' 0, 'below' 0, 'includes 0', or None (no interval)."""
+    if ci["lo"] is None:
+        return None
+    return "above" if ci["lo"] > 0 else "below" if ci["hi"] < 0 else "includes 0"
+
+
+def fmt(x, digits=3):
+    if x is None:
+        return "-"
+    return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def fmt_ci(ci, digits=3):
+    if ci["mean"] is None:
+        return "-"
+    if ci["lo"] is None:
+        return f"{fmt(ci['mean'], digits)} (n 1)"
+    return f"{fmt(ci['mean'], digits)} [{fmt(ci['lo'], digits)}, {fmt(ci['hi'], digits)}] (n {ci['n']})"
+
+
+def _updates(us):
+    return ", ".join(str(u) for u in us)
+
+
+def difference_statement(label, per_update):
+    """The plain statement about SEED - GRPO of one metric over updates. per_update: [(update, mean_ci of the
+    paired differences)]. The rule, word for word what the intervals allow:
+      - no update has 2 matched seeds: nothing can be said;
+      - every interval includes 0: "no difference shown";
+      - otherwise the updates where the interval lies above 0 and below 0 are named, the rest said to include 0,
+        and the count that chance alone would give (5% of the intervals) is stated beside it.
+    Updates without an interval (fewer than 2 matched seeds there) are named as such."""
+    sides = {u: side(ci) for u, ci in per_update}
+    with_ci = [u for u, s in sides.items() if s is not None]
+    n = max((ci["n"] for _, ci in per_update), default=0)
+    if not with_ci:
+        return (f"{label}, SEED - GRPO: fewer than 2 matched seeds at every update, so no interval: nothing can be "
+                "said about a difference.")
+    missing = [u for u, s in sides.items() if s is None]
+    tail = f" No interval at update(s) {_updates(missing)} (fewer than 2 matched seeds)." if missing else ""
+    above = [u for u in with_ci if sides[u] == "above"]
+    below = [u for u in with_ci if sides[u] == "below"]
+    if not above and not below:
+        return (f"{label}, SEED - GRPO: the 95% interval includes 0 at every update ({len(with_ci)} updates, up to "
+                f"{n} matched seeds): no difference shown.{tail}")
+    parts = ([f"above 0 (SEED higher) at update(s) {_updates(above)}"] if above else []) + \
+            ([f"below 0 (SEED lower) at update(s) {_updates(below)}"] if below else [])
+    rest = len(with_ci) - len(above) - len(below)
+    return (f"{label}, SEED - GRPO: the 95% interval lies {' and '.join(parts)}; it includes 0 at the other {rest} "
+            f"update(s) (up to {n} matched seeds). These are {len(with_ci)} separate intervals: with no true "
+            f"difference about {0.05 * len(with_ci):.2g} of them would exclude 0 by chance alone.{tail}")
+
+
+def paired_statement(label, ci):
+    """The plain statement about one paired SEED - GRPO difference (e.g. the end evaluation), same rule."""
+    if ci["mean"] is None or ci["lo"] is None:
+        return f"{label}, SEED - GRPO: fewer than 2 matched seeds, no interval: nothing can be said."
+    rng = f"{fmt(ci['mean'])}, 95% interval {fmt(ci['lo'])} to {fmt(ci['hi'])}, {ci['n']} matched seeds{_flat(ci)}"
+    s = side(ci)
+    if s == "includes 0":
+        return f"{label}, SEED - GRPO: the interval includes 0 ({rng}): no difference shown."
+    return f"{label}, SEED - GRPO: SEED {'higher' if s == 'above' else 'lower'} ({rng})."
+
+
+def _flat(ci):
+    return "; every seed gave the same value" if ci["sd"] == 0 else ""
+
+
+def change_statement(who, what, ci, unit=""):
+    """The plain statement about one change (e.g. end - start evaluation), over seeds: higher / lower only when
+    the interval excludes 0; otherwise "no change shown"; with fewer than 2 seeds, no interval."""
+    if ci["mean"] is None:
+        return f"{who}, {what}: no runs."
+    if ci["lo"] is None:
+        return f"{who}, {what}: {fmt(ci['mean'])}{unit} from 1 seed, no interval: nothing can be said."
+    rng = f"{fmt(ci['mean'])}{unit}, 95% interval {fmt(ci['lo'])} to {fmt(ci['hi'])}, {ci['n']} seeds{_flat(ci)}"
+    s = side(ci)
+    if s == "includes 0":
+        return f"{who}, {what}: the interval includes 0 ({rng}): no change shown."
+    return f"{who}, {what}: {'higher' if s == 'above' else 'lower'} ({rng})."
+
+
+# ====================================================================================================
+# Pooling the runs
+
+def load_runs(results_dir, exclude=()):
+    runs = [r for r in read_jsonl(os.path.join(results_dir, "runs.jsonl")) if r["run_id"] not in exclude]
+    evals = {e["eval_key"]: e for e in read_jsonl(os.path.join(results_dir, "evals.jsonl"))}
+    for r in runs:  # a record written before its start evaluation came: join it now
+        if r["eval"].get("start") is None and r.get("eval_key") in evals:
+            r["eval"]["start"] = evals[r["eval_key"]]["summary"]
+    return runs
+
+
+def series(run, key):
+    """{update: value} of one run."""
+    return {u["update"]: u.get(key) for u in run["updates"]}
+
+
+def eval_value(summary, key, split="all"):
+    if not summary:
+        return None
+    part = summary["all"] if split == "all" else summary["splits"].get(split, {})
+    return part.get(key)
+
+
+def analyze_group(runs):
+    """The numbers of one group: curves, differences, changes, evaluations, cost (a JSON-able dict)."""
+    first = runs[0]
+    by = {}
+    for r in runs:
+        by.setdefault(r["method"], {})[r["seed"]] = r
+    methods = [m for m in METHOD_ORDER if m in by] + sorted(m for m in by if m not in METHOD_ORDER)
+    n_updates = first["config"]["updates"]
+    updates = list(range(1, n_updates + 1))
+    out = {"group": first["group"], "env": first["env"], "config": first["config"], "start": first["start"]["label"],
+           "methods": methods, "seeds": {m: sorted(by[m]) for m in methods},
+           "commits": sorted({(r["code"]["commit"] or "?")[:10] + (" (dirty)" if r["code"]["dirty"] else "")
+                              for r in runs}),
+           "runs": sorted(r["run_id"] for r in runs), "curves": {}, "diffs": {}, "train_change": {},
+           "eval": {}, "statements": []}
+    both = "seed" in by and "grpo" in by
+    out["matched_seeds"] = sorted(set(by["seed"]) & set(by["grpo"])) if both else []
+    # ---- curves per method, and the paired difference per update
+    for key, _ in CURVES:
+        out["curves"][key] = {m: [mean_ci([series(r, key).get(u) for r in by[m].values()]) for u in updates]
+                              for m in methods}
+    if both:
+        for key, label in DIFFS:
+            per = []
+            for u in updates:
+                _, d = paired({s: series(r, key).get(u) for s, r in by["seed"].items()},
+                              {s: series(r, key).get(u) for s, r in by["grpo"].items()})
+                per.append(mean_ci(d))
+            out["diffs"][key] = per
+            out["statements"].append(difference_statement(f"training {label}", list(zip(updates, per))))
+    # ---- within each run: last update - first update (different tasks, the same for both methods of a seed)
+    for key, label in DIFFS[:3]:
+        out["train_change"][key] = {}
+        for m in methods:
+            d = [series(r, key).get(n_updates) - series(r, key).get(1) for r in by[m].values()
+                 if series(r, key).get(n_updates) is not None and series(r, key).get(1) is not None]
+            ci = mean_ci(d)
+            out["train_change"][key][m] = ci
+            out["statements"].append(change_statement(LABEL.get(m, m), f"training {label}, update {n_updates} minus "
+                                                       "update 1 within each run", ci))
+    # ---- held-out evaluation: start (one shared evaluation) and end, pooled over splits
+    starts = [r["eval"].get("start") for r in runs if r["eval"].get("start")]
+    splits = sorted({s for r in runs for s in ((r["eval"].get("end") or {}).get("splits") or {})})
+    for split in ["all"] + splits:
+        ev = {"start": {k: eval_value(starts[0], k, split) if starts else None for k, _ in EVAL_KEYS}}
+        for m in methods:
+            ev[m] = {}
+            for k, _ in EVAL_KEYS:
+                ends = {s: eval_value(r["eval"].get("end"), k, split) for s, r in by[m].items()}
+                st = ev["start"][k]
+                ev[m][k] = {"end": mean_ci(list(ends.values())),
+                            "end_minus_start": mean_ci([v - st for v in ends.values() if v is not None])
+                            if st is not None else mean_ci([])}
+        if both:
+            for k, _ in EVAL_KEYS:
+                _, d = paired({s: eval_value(r["eval"].get("end"), k, split) for s, r in by["seed"].items()},
+                              {s: eval_value(r["eval"].get("end"), k, split) for s, r in by["grpo"].items()})
+                ev.setdefault("seed_minus_grpo", {})[k] = mean_ci(d)
+        out["eval"][split] = ev
+    ev = out["eval"]["all"]
+    for k, label in EVAL_KEYS[:3]:
+        for m in methods:
+            out["statements"].append(change_statement(LABEL.get(m, m), f"held-out {label}, end policy minus the start",
+                                                      ev[m][k]["end_minus_start"], " points" if "%" in label else ""))
+        if both:
+            out["statements"].append(paired_statement(f"held-out {label} of the end policy", ev["seed_minus_grpo"][k]))
+    # ---- cost: seconds per update, walls, the gate, device memory
+    out["cost"] = {}
+    for m in methods:
+        rs = list(by[m].values())
+        med = [sorted(t)[len(t) // 2] for t in ([u["time"] for u in r["updates"] if u.get("time") is not None]
+                                                 for r in rs) if t]
+        c = [r["compute"] for r in rs]
+        out["cost"][m] = {"runs": len(rs), "lanes": sorted({x["lanes"] for x in c}),
+                          "s_per_update": mean_ci(med), "train_wall_s": mean_ci([x["train_wall_s"] for x in c]),
+                          "eval_wall_s": mean_ci([x["eval_wall_s"] for x in c]),
+                          "stopped_s": mean_ci([x["frozen_s"] for x in c]),
+                          "device_peak_gib": max([(x["device_peak_mib"] or 0) / 1024 for x in c], default=None),
+                          "episodes_per_update": first["config"]["tasks_per_update"] * first["config"]["group_size"]}
+    return out
+
+
+# ====================================================================================================
+# Figures and the markdown
+
+def figures(g, out_dir):
+    """<group>_curves.png, <group>_diff.png, <group>_eval.png; [] without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+    except ImportError:
+        return []
+    colors = {"seed": "tab:blue", "grpo": "tab:orange"}
+    ups = list(range(1, g["config"]["updates"] + 1))
+    files = []
+
+    def band(ax, cis, color, label):
+        m = [c["mean"] for c in cis]
+        ax.plot(ups, [float("nan") if v is None else v for v in m], color=color, marker="o", ms=3, label=label)
+        lo = [float("nan") if c["lo"] is None else c["lo"] for c in cis]
+        hi = [float("nan") if c["hi"] is None else c["hi"] for c in cis]
+        ax.fill_between(ups, lo, hi, color=color, alpha=0.2, linewidth=0)
+
+    c = g["config"]
+    title = f"{g['env']}, start {g['start']}, {c['tasks_per_update']}x{c['group_size']} episodes/update"
+    fig, axes = plt.subplots(2, 5, figsize=(20, 7.5), squeeze=False)
+    for ax, (key, label) in zip(axes.flat, CURVES):
+        for m in g["methods"]:
+            if any(c["mean"] is not None for c in g["curves"][key][m]):
+                band(ax, g["curves"][key][m], colors.get(m), f"{LABEL.get(m, m)} (n {len(g['seeds'][m])})")
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("update")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"Training curves: mean over seeds, 95% t-interval shaded ({title})")
+    fig.tight_layout()
+    files.append(f"{g['group']}_curves.png")
+    fig.savefig(os.path.join(out_dir, files[-1]), dpi=110)
+    plt.close(fig)
+    if g["diffs"]:
+        fig, axes = plt.subplots(2, 3, figsize=(14, 7.5), squeeze=False)
+        for ax, (key, label) in zip(axes.flat, DIFFS):
+            band(ax, g["diffs"][key], "tab:green", f"SEED - GRPO (n {len(g['matched_seeds'])} matched seeds)")
+            ax.axhline(0.0, color="black", lw=0.8)
+            ax.set_title(label, fontsize=10)
+            ax.set_xlabel("update")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"Paired difference SEED - GRPO per update, 95% t-interval ({title})")
+        fig.tight_layout()
+        files.append(f"{g['group']}_diff.png")
+        fig.savefig(os.path.join(out_dir, files[-1]), dpi=110)
+        plt.close(fig)
+    ev = g["eval"]["all"]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4), squeeze=False)
+    for ax, (key, label) in zip(axes.flat, EVAL_KEYS[:3]):
+        xs, names = [0], ["start"]
+        if ev["start"][key] is not None:
+            ax.plot([0], [ev["start"][key]], "ks")
+        for i, m in enumerate(g["methods"], start=1):
+            c = ev[m][key]["end"]
+            xs.append(i)
+            names.append(f"{LABEL.get(m, m)} end")
+            if c["mean"] is not None:
+                err = [[c["mean"] - c["lo"]], [c["hi"] - c["mean"]]] if c["lo"] is not None else None
+                ax.errorbar([i], [c["mean"]], yerr=err, fmt="o", color=colors.get(m), capsize=5)
+        ax.set_xticks(xs, names)
+        ax.set_title(f"held-out {label}", fontsize=10)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Held-out evaluation, plain prompt: the start and the end policies (95% t-interval over seeds)")
+    fig.tight_layout()
+    files.append(f"{g['group']}_eval.png")
+    fig.savefig(os.path.join(out_dir, files[-1]), dpi=110)
+    plt.close(fig)
+    return files
+
+
+def group_markdown(g, figs):
+    c = g["config"]
+    e = c["eval"]
+    md = [f"## Group `{g['group']}`: {g['env']}, start `{g['start']}`", "",
+          f"- settings: {c['updates']} updates of {c['tasks_per_update']} tasks x {c['group_size']} episodes, "
+          f"{c['max_steps']} steps, lr {c['lr']}"
+          + (f", max new tokens {c['max_new_tokens']}" if c.get("max_new_tokens") else "")
+          + (f", seed_rl.py {' '.join(c['seed_rl_args'])}" if c["seed_rl_args"] else "")
+          + (f", env {' '.join(c['env_args'])}" if c["env_args"] else ""),
+          f"- evaluation: plain prompt, {e['limit']} tasks per split ({e['splits'] or 'the env default splits'}), "
+          f"eval seed {e['seed']}, {e['max_steps']} steps; the start is evaluated once and shared by every run",
+          "- seeds: " + "; ".join(f"{LABEL.get(m, m)} {g['seeds'][m]}" for m in g["methods"])
+          + f"; matched (both methods): {g['matched_seeds']}",
+          f"- code: {', '.join(g['commits'])}; runs: {', '.join(g['runs'])}", "",
+          "### What the intervals show", ""] + [f"- {s}" for s in g["statements"]] + [""]
+    for f in figs:
+        md += [f"![{f}]({f})", ""]
+    ups = list(range(1, c["updates"] + 1))
+    md += ["### Training, per update (mean over seeds [95% interval] (n seeds))", ""]
+    for key, label in DIFFS:
+        cols = [LABEL.get(m, m) for m in g["methods"]] + (["SEED - GRPO (matched)"] if g["diffs"] else [])
+        md += [f"**{label}**", "", "| update | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for i, u in enumerate(ups):
+            row = [fmt_ci(g["curves"][key][m][i]) for m in g["methods"]]
+            if g["diffs"]:
+                row.append(fmt_ci(g["diffs"][key][i]))
+            md.append(f"| {u} | " + " | ".join(row) + " |")
+        md.append("")
+    if "seed" in g["methods"]:
+        keys = CURVES[6:]
+        md += ["**SEED's own signal**", "", "| update | " + " | ".join(l for _, l in keys) + " |",
+               "|---" * (len(keys) + 1) + "|"]
+        for i, u in enumerate(ups):
+            md.append(f"| {u} | " + " | ".join(fmt_ci(g["curves"][k]["seed"][i]) for k, _ in keys) + " |")
+        md.append("")
+    md += ["### Held-out evaluation (plain prompt, no skill)", ""]
+    for split, ev in g["eval"].items():
+        cols = (["start"] + [f"{LABEL.get(m, m)} end" for m in g["methods"]]
+                + [f"{LABEL.get(m, m)} end - start" for m in g["methods"]]
+                + (["SEED - GRPO, end"] if "seed_minus_grpo" in ev else []))
+        md += [f"**{'pooled over splits' if split == 'all' else split}**", "", "| | " + " | ".join(cols) + " |",
+               "|---" * (len(cols) + 1) + "|"]
+        for k, label in EVAL_KEYS:
+            row = [fmt(ev["start"][k])] + [fmt_ci(ev[m][k]["end"]) for m in g["methods"]] + \
+                  [fmt_ci(ev[m][k]["end_minus_start"]) for m in g["methods"]]
+            if "seed_minus_grpo" in ev:
+                row.append(fmt_ci(ev["seed_minus_grpo"][k]))
+            md.append(f"| {label} | " + " | ".join(row) + " |")
+        md.append("")
+    md += ["### Cost", "", "| method | runs | lanes | s per update (median per run) | train wall s | eval wall s | "
+           "stopped by the gate s | device peak GiB | episodes per minute of training |", "|---" * 9 + "|"]
+    for m in g["methods"]:
+        x = g["cost"][m]
+        spu = x["s_per_update"]["mean"]
+        md.append(f"| {LABEL.get(m, m)} | {x['runs']} | {x['lanes']} | {fmt_ci(x['s_per_update'])} | "
+                  f"{fmt_ci(x['train_wall_s'])} | {fmt_ci(x['eval_wall_s'])} | {fmt_ci(x['stopped_s'])} | "
+                  f"{fmt(x['device_peak_gib'])} | {fmt(60 * x['episodes_per_update'] / spu) if spu else '-'} |")
+    md.append("")
+    return md
+
+
+def write_report(results_dir, out, exclude=(), draw=True):
+    runs = load_runs(results_dir, exclude)
+    os.makedirs(out, exist_ok=True)
+    groups = {}
+    for r in runs:
+        groups.setdefault(r["group"], []).append(r)
+    analyses = [analyze_group(rs) for _, rs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+    md = ["# Learning benchmark: SEED beside GRPO", "",
+          f"{len(runs)} run(s) from `{os.path.join(results_dir, 'runs.jsonl')}` in {len(analyses)} group(s) (env + "
+          "settings + start; groups are never pooled with each other). Produced by `benchmarks/learning.py`; this "
+          "file by `benchmarks/learning_report.py`.", "",
+          "How to read it: every interval is a 95% Student-t interval over seeds (n - 1 degrees of freedom). "
+          "SEED - GRPO is paired by seed: the two methods of a seed start from the same weights and play the same "
+          "task stream with the same sampling seeds, so their update 1 is the same episodes (up to engine noise). "
+          "A statement says 'higher' or 'lower' only where an interval excludes 0; the per-update intervals are "
+          "separate, not corrected for looking at many updates. 'Update N minus update 1' compares different tasks "
+          "(each update draws new ones; the same for both methods of a seed). The start of the held-out evaluation "
+          "is one evaluation shared by all runs: its own sampling noise is not inside the end - start intervals.", ""]
+    report = {"results_dir": results_dir, "runs": len(runs), "groups": []}
+    for g in analyses:
+        figs = figures(g, out) if draw else []
+        md += group_markdown(g, figs)
+        report["groups"].append(dict(g, figures=figs))
+    if not analyses:
+        md.append("No runs on file.")
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    return report
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results-dir", default=os.path.join(REPO, "results", "learning"),
+                   help="folder with runs.jsonl (and evals.jsonl)")
+    p.add_argument("--out", default=None, help="report folder (default: <results-dir>/report)")
+    p.add_argument("--exclude", nargs="*", default=[], metavar="RUN_ID", help="runs to leave out of this report")
+    args = p.parse_args(argv)
+    out = args.out or os.path.join(args.results_dir, "report")
+    report = write_report(args.results_dir, out, set(args.exclude))
+    print(f"{report['runs']} run(s), {len(report['groups'])} group(s) -> {os.path.join(out, 'report.md')}")
+    for g in report["groups"]:
+        print(f"\ngroup {g['group']} ({g['env']}, start {g['start']}):")
+        for s in g["statements"]:
+            print(f"  - {s}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""benchmarks/learning.py: the driver and its runners with stand-ins for seed_rl.py and evaluate.py
+(tests/data/fake_*.py: the same flags and output files, no model), so the bookkeeping is tested in seconds:
+one record per finished run, finished runs skipped, a killed run leaves no record and no processes, the engine
+gate keeps two jobs' engine starts apart, --detach leaves jobs running for the next call, --merge dedupes.
+The last test runs the real seed_rl.py and evaluate.py with the tiny model (slow)."""
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import REPO, run_script
+
+DATA = os.path.join(REPO, "tests", "data")
+
+
+def read(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """A start model folder and a driver command line that uses the stand-ins."""
+    start = tmp_path / "start"
+    start.mkdir()
+    (start / "config.json").write_text('{"model_type": "qwen2"}')
+    (start / "model.safetensors").write_text("weights")
+    res, scratch = tmp_path / "results", tmp_path / "scratch"
+
+    def drive(*extra, env=None, timeout=120, check=True):
+        args = ["benchmarks/learning.py", "--model", str(start), "--updates", "3", "--launcher", "python",
+                "--backend", "hf", "--seed-rl-script", os.path.join(DATA, "fake_seed_rl.py"),
+                "--evaluate-script", os.path.join(DATA, "fake_evaluate.py"), "--results-dir", str(res),
+                "--scratch", str(scratch), *extra]
+        return run_script(args, timeout=timeout, check=check, env=env or {})
+    drive.res, drive.scratch = res, scratch
+    return drive
+
+
+def test_one_record_per_finished_run_and_finished_runs_are_skipped(fake):
+    out = fake("--methods", "seed,grpo", "--seeds", "0,1", "--lanes", "2").stdout
+    runs = read(fake.res / "runs.jsonl")
+    assert sorted(r["run_id"].split("-s")[0] + str(r["seed"]) for r in runs) == ["grpo0", "grpo1", "seed0", "seed1"]
+    assert len({r["group"] for r in runs}) == 1 and len(read(fake.res / "evals.jsonl")) == 1
+    for r in runs:
+        assert [u["update"] for u in r["updates"]] == [1, 2, 3]
+        assert r["start"]["label"] == "base:start" and len(r["start"]["weights_sha256"]) == 1
+        assert r["code"]["commit"] and "dirty" in r["code"]
+        assert r["eval"]["start"]["all"]["invalid"] == 81.0 and r["eval"]["end"]["all"]["invalid"] == 41.0
+        assert ("--opd-coef 0" in r["commands"]["train"]) == (r["method"] == "grpo")
+        assert f"--seed {r['seed']} " in r["commands"]["train"] and r["commands"]["eval_start"]
+        assert (r["updates"][0]["parse_rate"] is None) == (r["method"] == "grpo")
+        assert r["compute"]["lanes"] == 2 and r["compute"]["gpu_util_train"] == 0.2
+        assert not os.path.exists(os.path.join(fake.scratch, r["run_id"], "train", "hf"))  # end weights removed
+    assert "finished" in out and len(read(fake.res / "attempts.jsonl")) == 5
+    # again, plus a new seed of one method: the four are skipped, only the new one runs
+    out = fake("--methods", "grpo,seed", "--seeds", "0,1,2", "--methods", "grpo").stdout
+    assert out.count("finished, on file (skipped)") == 2 and "started grpo-s2-" in out
+    assert len(read(fake.res / "runs.jsonl")) == 5 and len(read(fake.res / "evals.jsonl")) == 1
+    # a different setting is another group (and another start evaluation), never the same run id
+    fake("--methods", "grpo", "--seeds", "0", "--lr", "1e-6")
+    runs = read(fake.res / "runs.jsonl")
+    assert len(runs) == 6 and len({r["group"] for r in runs}) == 2 and len(read(fake.res / "evals.jsonl")) == 1
+
+
+def test_a_run_killed_at_the_deadline_leaves_no_record_and_no_process(fake):
+    fake("--methods", "grpo", "--seeds", "0")  # on file: its time is the estimate for the next (about 1 s)
+    out = fake("--methods", "grpo", "--seeds", "1", "--deadline-s", "2.5", env={"FAKE_SLEEP": "1.5"}).stdout
+    assert "killed at the deadline, no record" in out
+    assert [r["seed"] for r in read(fake.res / "runs.jsonl")] == [0]
+    killed = [a for a in read(fake.res / "attempts.jsonl") if a["outcome"] == "killed"]
+    assert len(killed) == 1 and killed[0]["seed"] == 1 and killed[0]["phase"] == "train"
+    job = os.path.join(fake.scratch, killed[0]["job_id"])
+    with open(os.path.join(job, "status.json")) as f:
+        pid = json.load(f)["pid"]
+    with open(os.path.join(job, "child.pid")) as f:
+        child = int(f.read())
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from learning import pid_alive  # gone, or a zombie that only waits for its reaper
+    assert not pid_alive(pid) and not pid_alive(child)  # the runner and seed_rl.py
+    # the rerun starts training afresh: exactly updates 1..3 (the killed attempt's rows are not kept)
+    out = fake("--methods", "grpo", "--seeds", "1").stdout
+    r = [r for r in read(fake.res / "runs.jsonl") if r["seed"] == 1]
+    assert len(r) == 1 and [u["update"] for u in r[0]["updates"]] == [1, 2, 3] and r[0]["compute"]["attempts"] == 2
+
+
+def test_the_engine_gate_keeps_engine_starts_apart(fake):
+    """Two jobs side by side, each starting an engine (a 1.5 s 'profiling window'): while one is in its window,
+    the other's process does not run at all (no beat), and each job records the seconds it was stopped. Under
+    torchrun, as on the GPU: its worker runs in a session of its own, so the gate stops process trees; but not
+    the env workers in them (their beats go on: the env pool's deadlines are wall-clock)."""
+    fake("--methods", "seed,grpo", "--seeds", "0", "--lanes", "2", "--launcher", "torchrun",
+         env={"FAKE_VLLM": "1.5", "FAKE_SLEEP": "1.5"}, timeout=180)
+    runs = read(fake.res / "runs.jsonl")
+    assert len(runs) == 2 and all(r["compute"]["frozen_s"] > 0.5 for r in runs)
+    beats = {}
+    for r in runs:
+        with open(os.path.join(fake.scratch, r["run_id"], "train", "beats")) as f:
+            beats[r["run_id"]] = [(k, float(t)) for k, t in (line.split() for line in f)]
+    (a, ba), (b, bb) = beats.items()
+    for mine, other in ((ba, bb), (bb, ba)):
+        w = [t for k, t in mine if k == "W"]
+        assert w and max(w) - min(w) > 1.0
+        assert not [t for k, t in other if k != "E" and min(w) < t < max(w)], "the other job ran in this engine start"
+    first, second = sorted((ba, bb), key=lambda b: min(t for k, t in b if k == "W"))
+    w = [t for k, t in second if k == "W"]  # in the second engine start, the first job's env worker beat on
+    assert len([t for k, t in first if k == "E" and min(w) < t < max(w)]) > 10
+
+
+def test_detach_leaves_jobs_running_for_the_next_call(fake):
+    out = fake("--methods", "seed,grpo", "--seeds", "0", "--lanes", "2", "--deadline-s", "1.5", "--detach",
+               env={"FAKE_SLEEP": "1.0"}).stdout
+    assert "left running" in out and read(fake.res / "runs.jsonl") == []
+    out = fake("--methods", "seed,grpo", "--seeds", "0", "--lanes", "2").stdout
+    assert len(read(fake.res / "runs.jsonl")) == 2
+
+
+def test_merge_appends_only_new_records(fake, tmp_path):
+    fake("--methods", "grpo", "--seeds", "0,1")
+    home = tmp_path / "home"
+    for _ in range(2):
+        run_script(["benchmarks/learning.py", "--merge", str(fake.res), "--results-dir", str(home)])
+    assert len(read(home / "runs.jsonl")) == 2 and len(read(home / "evals.jsonl")) == 1
+
+
+def test_math_flags_keep_only_what_changes_the_result():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import learning
+    assert learning.math_flags("--packing off --analyzer-model scripted --workers=4 --kl-coef 0 "
+                               "--no-activation-checkpointing --micro-batch 8") == ["--analyzer-model", "scripted",
+                                                                                    "--kl-coef", "0"]
+
+
+@pytest.mark.slow
+def test_real_scripts_tiny_model(tmp_path):
+    """The real seed_rl.py and evaluate.py, tiny model, real ALFWorld games: 1 seed x 2 methods x 1 update."""
+    res = tmp_path / "results"
+    run_script(["benchmarks/learning.py", "--model", "tiny", "--updates", "1", "--seeds", "0", "--tasks-per-update",
+                "2", "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "8", "--eval-limit", "1",
+                "--workers", "1", "--seed-rl-args", "--analyzer-model scripted", "--results-dir", str(res),
+                "--scratch", str(tmp_path / "scratch")], timeout=900)
+    runs = {r["method"]: r for r in read(res / "runs.jsonl")}
+    assert set(runs) == {"seed", "grpo"} and runs["seed"]["start"]["label"] == "tiny(seed 0)"
+    s, g = runs["seed"]["updates"][0], runs["grpo"]["updates"][0]
+    assert s["parse_rate"] == 1.0 and s["teacher_coverage"] == 1.0 and g["parse_rate"] is None
+    assert s["invalid"] == g["invalid"] and s["return"] == g["return"]  # update 1: the same episodes
+    for r in runs.values():
+        assert r["eval"]["start"]["all"]["episodes"] == 2 and r["eval"]["end"]["all"]["episodes"] == 2
+    rep = run_script(["benchmarks/learning_report.py", "--results-dir", str(res)]).stdout
+    assert "SEED - GRPO" in rep and (res / "report" / "report.md").exists()
