@@ -695,8 +695,8 @@ def check_resumed_stream(old_manifest, stream, env, args):
 def load_checkpoint(policy, optimizer, args, rank):
     """Weights + optimizer of the last complete trainer checkpoint (`checkpoint`, or `checkpoint.old` after a
     kill between the two renames of a save), and metrics.jsonl, examples.jsonl and lengths.jsonl cut to its
-    update, so that the updates after it, played again, are written once. Returns the number of updates done (0 without a
-    checkpoint)."""
+    update, so that the updates after it, played again, are written once. Returns the number of updates done
+    (0 without a checkpoint)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     folder, state = latest_checkpoint(os.path.join(args.out, "checkpoint"), "state.json")

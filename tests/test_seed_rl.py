@@ -124,3 +124,23 @@ def test_resume_with_other_settings_is_refused_before_any_model_loads(one_proces
     assert "was written with other settings" in line and "--lr 1e-06 then, 2e-06 now" in line
     assert "--opd-coef 0.01 then, 0.0 now" in line and "--updates" in line.split("these may change")[1]
     assert sorted(os.listdir(out)) == ["seed_manifest.json"] and (out / "seed_manifest.json").read_bytes() == before
+
+
+def test_a_resume_may_change_updates_but_not_the_tasks_nor_the_warm_up(tmp_path):
+    """--updates may change on resume (envs/records.py): the updates both runs play keep their tasks; a changed
+    seed's stream, or a warm-up that --updates would lengthen, is refused."""
+    import argparse
+    from envs import alfworld
+    from envs.records import run_manifest
+    from seed_rl import check_resumed_stream
+    flags = dict(seed=0, tasks_per_update=2, updates=3, warmup_ratio=0.0, out=str(tmp_path))
+    old = run_manifest("seed_rl.py", argparse.Namespace(**flags), games=alfworld.rl_tasks(0, 6))
+    for updates in (3, 5, 2):  # the same, longer, shorter: the common updates play the same tasks
+        args = argparse.Namespace(**dict(flags, updates=updates))
+        check_resumed_stream(old, alfworld.rl_tasks(0, 2 * updates), alfworld, args)
+    with pytest.raises(SystemExit, match="the task stream differs"):
+        check_resumed_stream(old, alfworld.rl_tasks(1, 6), alfworld, argparse.Namespace(**dict(flags, seed=1)))
+    warm = run_manifest("seed_rl.py", argparse.Namespace(**dict(flags, warmup_ratio=0.5)), games=alfworld.rl_tasks(0, 6))
+    with pytest.raises(SystemExit, match="moves the lr warm-up"):
+        check_resumed_stream(warm, alfworld.rl_tasks(0, 10), alfworld,
+                             argparse.Namespace(**dict(flags, updates=5, warmup_ratio=0.5)))
