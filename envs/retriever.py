@@ -24,21 +24,22 @@ connection errors, timeouts and HTTP 5xx with exponential back-off, and then rai
 an EnvPool worker that exception becomes an env failure of that one episode.
 """
 import argparse
-import hashlib
 import json
 import logging
 import lzma
 import os
-
-# bm25s uses JAX for its top-k when JAX is installed, and JAX then takes 75% of the GPU's memory at import (seen
-# on the H200: the co-located vLLM engine found 34 of 140 GiB free). BM25 runs on the CPU here.
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import shutil
 import signal
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from envs.records import sha256_file
+
+# bm25s uses JAX for its top-k when JAX is installed, and JAX then takes 75% of the GPU's memory at import (seen
+# on the H200: a vLLM engine on the same GPU found 34 of 140 GiB free). BM25 runs on the CPU here.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 DEFAULT_CACHE = os.path.expanduser("~/.cache/seed/retriever")
 MAX_BODY = 10 * 1024 * 1024  # bytes; a batch of a thousand long queries is far below this
@@ -87,14 +88,6 @@ def read_corpus(path):
     return docs
 
 
-def file_sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class BM25Index:
     """bm25s over the corpus `contents` (title line included): English stop words, PyStemmer's English
     (Snowball) stemmer, Lucene's BM25 variant. Thread-safe for search (the index is read-only; each thread
@@ -124,7 +117,7 @@ class BM25Index:
         import bm25s
         log = log or logging.getLogger("retriever")
         docs = read_corpus(corpus_path)
-        sha = file_sha256(corpus_path)
+        sha = sha256_file(corpus_path)
         params = {"library": f"bm25s {bm25s.__version__}", "method": "lucene", "k1": k1, "b": b,
                   "stopwords": "en", "stemmer": "english", "corpus_sha256": sha, "documents": len(docs)}
         where = os.path.join(cache_dir, sha, f"bm25s-{bm25s.__version__}-lucene-k1_{k1:g}-b_{b:g}-en")

@@ -29,7 +29,8 @@ import os
 import random
 import re
 
-from envs.webshop.data import DataError, load_catalog, sha256_of
+from envs.records import sha256_file
+from envs.webshop.data import DataError, load_catalog
 from envs.webshop.scoring import noun_tagger_name, spacy_model
 from envs.webshop.search import engine_for
 from envs.webshop.site import SEARCH_ACTION, Site
@@ -166,7 +167,7 @@ def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
         "every Stage 1 and RL goal from the train split": all(t["goal_index"] >= TEST_GOALS for t in stage1 + stream),
     }
     manifest = {"catalog": cat.catalog_path, "catalog_sha256": cat.sha256, "attributes": cat.attribute_path,
-                "attributes_sha256": sha256_of(cat.attribute_path), "products": len(cat.products),
+                "attributes_sha256": sha256_file(cat.attribute_path), "products": len(cat.products),
                 "goals": len(cat.goals), "noun_tagger": noun_tagger_name(), **splits,
                 "stage1": dict(s1, trajectories=s1["count"] * rollouts, task_ids=[t["task_id"] for t in stage1]),
                 "rl_stream": dict(rl, overlap_with_stage1=overlap, task_ids=[t["task_id"] for t in stream])}

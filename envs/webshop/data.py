@@ -21,13 +21,14 @@ verl-agent workers other goals). Here they come from one fixed-seed generator, i
 builds exactly the same goals. The goal ORDER needs no such fix: it depends only on the number of goals,
 so goal i is the same product and options as in the original (with the real files: 6,910 goals).
 """
-import hashlib
 import itertools
 import json
 import os
 import random
 import re
 from decimal import Decimal, InvalidOperation
+
+from envs.records import sha256_file
 
 CATALOG_FILE = "items_shuffle_1000.json"
 ATTRIBUTE_FILE = "items_ins_v2_1000.json"
@@ -42,14 +43,6 @@ HOW_TO_GET = ("get them with the WebShop setup script (github.com/princeton-nlp/
 
 class DataError(ValueError):
     """A missing or malformed data file; the message names the file, the record and the field."""
-
-
-def sha256_of(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def data_files(data_dir):
@@ -202,7 +195,7 @@ class Catalog:
     def __init__(self, data_dir):
         self.data_dir = os.path.abspath(data_dir)
         self.catalog_path, self.attribute_path = data_files(self.data_dir)
-        self.sha256 = sha256_of(self.catalog_path)
+        self.sha256 = sha256_file(self.catalog_path)
         records = _load_json(self.catalog_path, list)
         attrs = _load_json(self.attribute_path, dict)
         self.products, seen = [], set()

@@ -20,15 +20,15 @@ loads it once (module-level cache), never per episode.
 """
 import json
 import os
-
-# bm25s uses JAX for its top-k when JAX is installed, and JAX then takes 75% of the GPU's memory at import (seen
-# on the H200: the co-located vLLM engine found 34 of 140 GiB free). BM25 runs on the CPU here.
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import re
 import shutil
 import tempfile
 
 import numpy as np
+
+# bm25s uses JAX for its top-k when JAX is installed, and JAX then takes 75% of the GPU's memory at import (seen
+# on the H200: a vLLM engine on the same GPU found 34 of 140 GiB free). BM25 runs on the CPU here.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 K1, B = 0.9, 0.4  # Lucene's BM25 parameters as pyserini sets them
 TOP_N = 50  # the original's SEARCH_RETURN_N
