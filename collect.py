@@ -24,15 +24,12 @@ import sys
 import time
 
 import torch
-from tqdm import tqdm
 
 from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive
 from envs.backends import ExpertPolicy, HFBackend, VLLMBackend
 from envs.models import load_model, load_tokenizer
-from envs.pool import EnvPool
-from envs.records import (append_jsonl, check_resume, interrupted_message, open_jsonl_for_append, read_jsonl,
-                          resumed_manifest, run_manifest, write_manifest)
-from envs.rollout import add_rollout_args, format_summary, play_episodes, summarize_episodes
+from envs.records import check_resume, read_jsonl, resumed_manifest, run_manifest, write_manifest
+from envs.rollout import add_rollout_args, format_summary, play_into_jsonl, summarize_episodes
 
 env = env_from_argv()  # --env first: every default below is that env's paper preset
 P = env.PRESET
@@ -107,35 +104,8 @@ else:
 # ---------------------------------------------------------------------------------------------------
 # Play: up to --batch-episodes episodes at once, each at its own pace; each is appended the moment it ends
 # (samples depend only on (seed, uid, step), so the order they end in changes nothing)
-t_start, timings, env_stats = time.time(), {}, {"steps": 0, "env_failures": 0, "workers_replaced": 0}
-out = open_jsonl_for_append(args.out)
-bar = tqdm(total=len(todo), desc="episodes", unit="ep")
-saved = 0
-
-
-def save(ep):
-    global saved
-    append_jsonl(out, ep)
-    saved += 1
-    bar.update(1)
-
-
-try:
-    with EnvPool(f"envs.{env.NAME}:make_game", num_workers=min(args.workers, max(1, len(todo)))) as pool:
-        if todo:
-            _, timings = play_episodes(env, todo, pool, policy, tokenizer, max_steps=args.max_steps,
-                                       history=args.history, max_prompt_tokens=args.max_prompt_tokens,
-                                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                       invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
-                                       invalid_rule=args.invalid_rule, max_live=args.batch_episodes,
-                                       on_episode=save)
-        env_stats = dict(pool.stats)
-except KeyboardInterrupt:  # one line, no tracebacks (the env workers ignore Ctrl-C; the pool ends them)
-    bar.close()
-    print(interrupted_message(saved, len(plan) - len(todo) + saved, len(plan), args.out), file=sys.stderr)
-    sys.exit(130)
-bar.close()
-out.close()
+t_start = time.time()
+timings, env_stats = play_into_jsonl(env, todo, policy, tokenizer, args, args.out, len(plan) - len(todo), len(plan))
 
 # ---------------------------------------------------------------------------------------------------
 # Summary over everything in the file (this run and earlier, resumed ones)

@@ -34,8 +34,7 @@ import time
 
 from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive
 from envs.rollout import add_rollout_args
-from envs.records import (append_jsonl, check_resume, games_summary, interrupted_message, open_jsonl_for_append,
-                          read_jsonl, resumed_manifest, run_manifest, write_manifest)
+from envs.records import check_resume, games_summary, read_jsonl, resumed_manifest, run_manifest, write_manifest
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 PAPER_FILE = os.path.join(REPO, "envs", "paper_results.json")
@@ -115,13 +114,11 @@ def cell(x, digits=1):
 if not args.model or not args.out:
     sys.exit("evaluation needs --model and --out (or use --report / --data-manifest)")
 import torch  # noqa: E402  (here: --report and --data-manifest run without torch)
-from tqdm import tqdm  # noqa: E402
 
 from envs.backends import ExpertPolicy, HFBackend, VLLMBackend  # noqa: E402
 
 from envs.models import load_model, load_tokenizer  # noqa: E402
-from envs.pool import EnvPool  # noqa: E402
-from envs.rollout import format_summary, play_episodes, summarize_episodes  # noqa: E402
+from envs.rollout import format_summary, play_into_jsonl, summarize_episodes  # noqa: E402
 
 splits = [s.strip() for s in args.splits.split(",") if s.strip()]
 require_positive(args, "samples", "limit", "max_steps", "max_new_tokens", "workers", "batch_episodes", "tp")
@@ -160,6 +157,7 @@ print(f"evaluate {env.NAME}: {', '.join(f'{s} {len(games[s])} tasks' for s in sp
 
 # ---------------------------------------------------------------------------------------------------
 # Policy: scripted expert, HF generate, or vLLM. The plain prompt only: no skill at deployment.
+policy = None  # nothing left to play: the tables are rebuilt from the file
 if todo:
     if args.model == "expert":
         policy = ExpertPolicy(tokenizer)
@@ -175,32 +173,9 @@ if todo:
 # ---------------------------------------------------------------------------------------------------
 # Play: up to --batch-episodes episodes at once, each at its own pace; each is appended the moment it ends
 # (samples depend only on (seed, uid, step), so the order they end in changes nothing)
-t_start, timings, env_stats = time.time(), {}, {"steps": 0, "env_failures": 0, "workers_replaced": 0}
-if todo:
-    out = open_jsonl_for_append(traj_path)
-    bar = tqdm(total=len(todo), desc="episodes", unit="ep")
-    saved = 0
-
-    def save(ep):
-        global saved
-        append_jsonl(out, ep)
-        saved += 1
-        bar.update(1)
-
-    try:
-        with EnvPool(f"envs.{env.NAME}:make_game", num_workers=min(args.workers, len(todo))) as pool:
-            _, timings = play_episodes(env, todo, pool, policy, tokenizer, max_steps=args.max_steps,
-                                       history=args.history, max_prompt_tokens=args.max_prompt_tokens,
-                                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                       invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
-                                       invalid_rule=args.invalid_rule, max_live=args.batch_episodes, on_episode=save)
-            env_stats = dict(pool.stats)
-    except KeyboardInterrupt:  # one line, no tracebacks (the env workers ignore Ctrl-C; the pool ends them)
-        bar.close()
-        print(interrupted_message(saved, len(plan) - len(todo) + saved, len(plan), traj_path), file=sys.stderr)
-        sys.exit(130)
-    bar.close()
-    out.close()
+t_start = time.time()
+timings, env_stats = play_into_jsonl(env, todo, policy, tokenizer, args, traj_path, len(plan) - len(todo),
+                                     len(plan))
 
 # ---------------------------------------------------------------------------------------------------
 # Score: per split, success per type averaged over the samples (with a 95% interval when samples > 1),

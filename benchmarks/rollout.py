@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from envs.backends import HFBackend, VLLMBackend  # noqa: E402
-from envs.models import load_tokenizer, shared_dir, tiny_config  # noqa: E402
+from envs.models import load_tokenizer, model_config  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--config", default="Qwen2.5-1.5B-Instruct")
@@ -45,15 +45,14 @@ p.add_argument("--skip-hf", action="store_true")
 p.add_argument("--json", default=None)
 args = p.parse_args()
 
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 on_gpu = torch.cuda.is_available()
 device = torch.device("cuda" if on_gpu else "cpu")
 dtype = torch.bfloat16 if on_gpu else torch.float32
 tok = load_tokenizer("tiny")  # the real Qwen2.5 tokenizer
 
 # ---- a random-weight model folder of the real shape (vLLM loads models from disk)
-cfg = tiny_config() if args.config == "tiny" else AutoConfig.from_pretrained(
-    os.path.join(shared_dir(), "assets", "qwen2.5-configs", args.config))
+cfg = model_config(args.config)
 torch.manual_seed(0)
 with device:  # random init straight on the GPU (a 1.5B init on the CPU takes tens of seconds)
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")

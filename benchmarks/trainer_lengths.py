@@ -44,7 +44,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.models import shared_dir, tiny_config  # noqa: E402
+from envs.models import model_config  # noqa: E402
 from envs.training import adamw_impl, init_distributed, make_batch, packed_attention, shard_model  # noqa: E402
 from seed_rl import micro_batch_logprobs, plan_micro_batches, seed_loss  # noqa: E402
 
@@ -76,7 +76,7 @@ rank, world, device = init_distributed()
 on_gpu = device.type == "cuda"
 sync = torch.cuda.synchronize if on_gpu else (lambda: None)
 import transformers  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -120,11 +120,7 @@ print(f"lengths: {'synthetic' if source['synthetic'] else args.lengths}, {len(le
       f"{source['prompt']['mean']:.0f} (p95 {source['prompt']['p95']}), response mean {source['response']['mean']:.0f} "
       f"(p95 {source['response']['p95']}); timed: {len(minis)} mini-batch(es), {real_tokens} real tokens")
 
-if args.config == "tiny":
-    cfg = tiny_config()
-else:
-    path = args.config if os.path.isdir(args.config) else os.path.join(shared_dir(), "assets", "qwen2.5-configs", args.config)
-    cfg = AutoConfig.from_pretrained(path)
+cfg = model_config(args.config)
 cfg.use_cache = False
 
 

@@ -29,7 +29,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.models import shared_dir, tiny_config  # noqa: E402
+from envs.models import model_config  # noqa: E402
 from envs.training import _TokenLogprob, adamw_impl, init_distributed, response_select, shard_model, make_batch  # noqa: E402
 from seed_rl import seed_loss  # noqa: E402
 
@@ -48,12 +48,8 @@ args = p.parse_args()
 
 rank, world, device = init_distributed()
 on_gpu = device.type == "cuda"
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
-if args.config == "tiny":
-    cfg = tiny_config()
-else:
-    path = args.config if os.path.isdir(args.config) else os.path.join(shared_dir(), "assets", "qwen2.5-configs", args.config)
-    cfg = AutoConfig.from_pretrained(path)
+from transformers import AutoModelForCausalLM  # noqa: E402
+cfg = model_config(args.config)
 cfg.use_cache = False
 torch.manual_seed(0)
 ids = torch.randint(0, 151643, (args.batch, args.seq), device=device)

@@ -128,3 +128,13 @@ def clean_param_name(name):
         name = name.replace(junk, "")
     return name
 
+
+
+def model_config(name):
+    """A model's config without weights (benchmarks): `tiny`, a folder, or a name under ../shared/assets/
+    qwen2.5-configs (the official Qwen2.5 configs, e.g. Qwen2.5-1.5B-Instruct)."""
+    from transformers import AutoConfig
+    if name == "tiny":
+        return tiny_config()
+    return AutoConfig.from_pretrained(name if os.path.isdir(name) else
+                                      os.path.join(shared_dir(), "assets", "qwen2.5-configs", name))

@@ -383,3 +383,40 @@ def add_rollout_args(group, paper, temperature_help="sampling temperature"):
     group.add_argument("--invalid-rule", default="public", choices=["public", "strict"],
                        help="public: the env's validity rule, as the paper's public code (tags, CJK); strict: an "
                        "inadmissible action is invalid too (the stricter ablation)")
+
+
+def play_into_jsonl(env, todo, policy, tokenizer, args, path, done_before, planned):
+    """collect.py's and evaluate.py's play phase: up to args.batch_episodes episodes of `todo` at once, each
+    appended to the JSONL at `path` the moment it ends (the bar moves per episode). On Ctrl-C: one line (how many
+    are saved; rerunning the same command resumes) and exit 130, no tracebacks. Returns (timings, env stats)."""
+    import sys
+    from tqdm import tqdm
+    from envs.pool import EnvPool
+    from envs.records import append_jsonl, interrupted_message, open_jsonl_for_append
+    stats = {"steps": 0, "env_failures": 0, "workers_replaced": 0}
+    if not todo:
+        return {}, stats
+    out = open_jsonl_for_append(path)
+    bar = tqdm(total=len(todo), desc="episodes", unit="ep")
+    saved = []
+
+    def save(ep):
+        append_jsonl(out, ep)
+        saved.append(ep["uid"])
+        bar.update(1)
+
+    try:
+        with EnvPool(f"envs.{env.NAME}:make_game", num_workers=min(args.workers, len(todo))) as pool:
+            _, timings = play_episodes(env, todo, pool, policy, tokenizer, max_steps=args.max_steps,
+                                       history=args.history, max_prompt_tokens=args.max_prompt_tokens,
+                                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                       invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
+                                       invalid_rule=args.invalid_rule, max_live=args.batch_episodes, on_episode=save)
+            stats = dict(pool.stats)
+    except KeyboardInterrupt:  # the env workers ignore Ctrl-C; the pool ends them
+        bar.close()
+        print(interrupted_message(len(saved), done_before + len(saved), planned, path), file=sys.stderr)
+        sys.exit(130)
+    bar.close()
+    out.close()
+    return timings, stats
