@@ -15,13 +15,15 @@
 #   bash benchmarks/h200.sh P    # trainer step on step-sample lengths (issue 20): plain HF padded vs the
 #                                # project's step padded and packed; the lengths B recorded ($RUN/seed/
 #                                # lengths.jsonl, or $LENGTHS) if present, else synthetic ALFWorld-shaped ones;
-#                                # PROFILE=1 adds kernel tables (one more pass per path)
+#                                # PROFILE=1 adds kernel tables (one more pass per path); PATHS=a,b picks
+#                                # trainer_lengths.py --paths; LIMIT=seconds (default 290)
 #   bash benchmarks/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
 #   bash benchmarks/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
 #   bash benchmarks/h200.sh AS   # issue 19: the rollout in lockstep vs per episode (2 x 8 and 16 x 8 episodes,
 #                                # 30 steps), then seed_rl.py's update with the self-analysis overlapped (SEED,
 #                                # GRPO, SEED --lockstep; 2 updates each) within BUDGET s (default 480);
-#                                # $OUT/rollout_async.json (benchmarks/rollout_async.py)
+#                                # $OUT/rollout_async.json (benchmarks/rollout_async.py); PARTS=a,update picks
+#                                # its --parts (default a,update,update_lockstep,b)
 #   bash benchmarks/h200.sh Q    # Search (issue 16): the project's BM25 retriever over the shared corpus
 #                                # ($SEARCH_DATA), the 0.5B model's EM on the 100 validation questions before
 #                                # and after a few SEED updates on the train questions; retriever share of time
@@ -99,7 +101,7 @@ A|R)  # performance: trainer step (A only), rollout with each vLLM model runner
 P)  # trainer step on real (or synthetic) step-sample lengths, padded vs packed vs plain HF
   mkdir -p "$RUN/perf"
   L=${LENGTHS:-$RUN/seed/lengths.jsonl}
-  step trainer_lengths 290 $PY benchmarks/trainer_lengths.py $([ -f "$L" ] && echo --lengths "$L") \
+  step trainer_lengths ${LIMIT:-290} $PY benchmarks/trainer_lengths.py $([ -f "$L" ] && echo --lengths "$L") ${PATHS:+--paths "$PATHS"} \
       ${PROFILE:+--profile "$RUN/perf/profile_lengths"} --json "$RUN/perf/trainer_lengths.json"
   tar -czf "$OUT/P.tar.gz" -C "$RUN" perf logs $([ -f "$RUN/seed/lengths.jsonl" ] && echo seed/lengths.jsonl)
   ;;
@@ -134,7 +136,7 @@ AS)  # lockstep vs per-episode rollout, and the update with the analysis overlap
   INIT=$RUN/sft; [ -f "$INIT/config.json" ] || INIT=$M
   mkdir -p "$RUN/async"
   step rollout_async $(( ${BUDGET:-480} + 60 )) $PY benchmarks/rollout_async.py --model "$INIT" --work "$RUN/async" \
-      --budget "${BUDGET:-480}" --json "$RUN/async/rollout_async.json"
+      --budget "${BUDGET:-480}" ${PARTS:+--parts "$PARTS"} --json "$RUN/async/rollout_async.json"
   cp "$RUN/async/rollout_async.json" "$OUT/" 2>/dev/null
   tar -czf "$OUT/AS.tar.gz" -C "$RUN" logs $(cd "$RUN" && ls -d async/*.log async/*.json async/*/metrics.jsonl 2>/dev/null)
   ;;

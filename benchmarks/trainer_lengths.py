@@ -154,12 +154,34 @@ def profile(step, name):
         sync()
     wall = time.perf_counter() - t0
     ka = prof.key_averages()
-    busy = sum(getattr(e, "self_device_time_total", 0) for e in ka if e.device_type.name == "CUDA") / 1e6
+    kernels = [e for e in ka if e.device_type.name == "CUDA"] if on_gpu else []
+    busy = sum(e.self_device_time_total for e in kernels) / 1e6
+    # where the GPU time goes, by kernel family (names as cuBLAS/CUTLASS, the flash kernels, fused AdamW and
+    # PyTorch's elementwise/reduction kernels spell them); "idle" = wall time with no kernel running
+    shares = {}
+    for e in kernels:
+        shares[kernel_family(e.key)] = shares.get(kernel_family(e.key), 0.0) + e.self_device_time_total / 1e6
+    shares["idle"] = max(0.0, wall - busy)
     os.makedirs(args.profile, exist_ok=True)
     with open(os.path.join(args.profile, f"{name.replace(':', '_')}.txt"), "w") as f:
         f.write(f"wall {wall:.3f} s per pass (profiled), GPU kernel time {busy:.3f} s\n")
+        f.write("by family: " + ", ".join(f"{k} {v:.3f} s ({v / wall:.0%})" for k, v in
+                                          sorted(shares.items(), key=lambda kv: -kv[1])) + "\n")
         f.write(ka.table(sort_by="self_device_time_total" if on_gpu else "self_cpu_time_total", row_limit=40,
                          max_name_column_width=70) + "\n")
+    return dict(shares, wall=wall, busy=busy)
+
+
+# first match wins: attention before matmul, since flash kernels are CUTLASS templates too
+FAMILIES = [("attention", ("flash", "fmha", "attention", "sdpa")),
+            ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "sm90_")),
+            ("optimizer", ("adam", "multi_tensor")), ("copy", ("memcpy", "memset", "copy_")),
+            ("loss/softmax", ("softmax", "logsumexp", "cross_entropy", "gather"))]
+
+
+def kernel_family(kernel_name):
+    low = kernel_name.lower()
+    return next((fam for fam, keys in FAMILIES if any(k in low for k in keys)), "elementwise/norm/other")
 
 
 def measure(name, step, pads):
@@ -177,8 +199,7 @@ def measure(name, step, pads):
                 step(m)
         sync()
         t = (time.perf_counter() - t0) / args.repeats
-        if args.profile:
-            profile(step, name)
+        prof = profile(step, name) if args.profile else None
     except Exception as e:  # an OOM is a result too
         out = {"error": f"{type(e).__name__}: {e}"[:400]}
         print(f"{name}: {out['error']}")
@@ -186,6 +207,8 @@ def measure(name, step, pads):
     out = {"s_per_step": t / len(minis), "warmup_s": warm, "real_tokens_per_s": real_tokens / t, "pad_fraction": pads,
            "mfu_real": 6 * n_params * real_tokens / t / (args.peak_tflops * 1e12),
            "peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if on_gpu else None}
+    if prof:
+        out["profile_s"] = prof
     print(f"{name}: {out['s_per_step']:.3f} s/step, {out['real_tokens_per_s']:.0f} real tok/s, pad {pads:.1%}, "
           f"MFU {out['mfu_real']:.1%}, peak {out['peak_gib'] or float('nan'):.1f} GiB (warm-up {warm:.1f} s)")
     return out
