@@ -28,6 +28,7 @@ read it; the engines ignore it).
 """
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -197,6 +198,7 @@ class VLLMBackend:
                        enable_sleep_mode=enable_sleep_mode, enable_prefix_caching=True, seed=seed,
                        tensor_parallel_size=tensor_parallel_size, **kw)  # >1: evaluate.py --tp, no torchrun
         self.sleeping, self.pending = False, set()
+        self.sleep_check_failures = 0  # vLLM's free-memory check of a sleep, failed by another process (sleep)
 
     def submit(self, req_id, prompt_ids, *, max_new_tokens, temperature, seed=None, want_logprobs=None,
                context=None):
@@ -266,9 +268,23 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()
 
     def sleep(self):
-        if not self.sleeping:
+        if self.sleeping:
+            return
+        try:
             self.llm.sleep(level=1)  # weights to CPU, KV cache freed
-            self.sleeping = True
+        except AssertionError as e:
+            # vLLM checks its sleep by the device's free memory before and after (gpu_worker.py: "Memory usage
+            # increased after sleeping"), so another process on the same GPU allocating meanwhile (two runs side
+            # by side, benchmarks/learning.py; seen on the H200) fails the check after the sleep itself is done.
+            # Mark the executor asleep as vLLM would have: its wake_up does nothing unless is_sleeping is set.
+            if "Memory usage increased after sleeping" not in str(e):
+                raise
+            executor = self.llm.llm_engine.model_executor
+            executor.sleeping_tags, executor.is_sleeping = {"weights", "kv_cache"}, True
+            self.sleep_check_failures += 1
+            print(f"vLLM's sleep check failed (another process allocated GPU memory meanwhile); the engine is "
+                  f"asleep, continuing ({self.sleep_check_failures} so far)", file=sys.stderr, flush=True)
+        self.sleeping = True
 
     def wake_up(self, tags=None):
         if self.sleeping:

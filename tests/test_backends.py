@@ -59,9 +59,39 @@ class FakeEngine:
         return out
 
 
+class FakeExecutor:
+    """vLLM 0.24's executor around sleep (executor/abstract.py, gpu_worker.py): the worker frees the memory, then
+    checks the device's free memory, and only a passing check lets the executor mark itself asleep; wake_up does
+    nothing unless it is marked. `check_error` makes the worker's check fail, as another process allocating on
+    the same GPU meanwhile does."""
+
+    def __init__(self):
+        self.is_sleeping, self.sleeping_tags, self.resident, self.check_error = False, set(), True, None
+
+    def sleep(self, level):
+        self.resident = False  # the worker's allocator.sleep: weights offloaded, KV cache dropped
+        if self.check_error:
+            raise AssertionError(self.check_error)
+        self.sleeping_tags, self.is_sleeping = {"weights", "kv_cache"}, True
+
+    def wake_up(self, tags=None):
+        if not self.is_sleeping:  # vLLM: "Executor is not sleeping." and nothing happens
+            return
+        self.sleeping_tags -= set(tags or self.sleeping_tags)
+        self.is_sleeping = bool(self.sleeping_tags)
+        self.resident = not self.is_sleeping
+
+
 class FakeLLM:
     def __init__(self, **kw):
         self.kw, self.llm_engine = kw, FakeEngine()
+        self.llm_engine.model_executor = FakeExecutor()
+
+    def sleep(self, level=1):
+        self.llm_engine.model_executor.sleep(level)
+
+    def wake_up(self, tags=None):
+        self.llm_engine.model_executor.wake_up(tags)
 
 
 @pytest.fixture
@@ -228,3 +258,21 @@ def test_the_rollout_loop_drives_the_engine_request_by_request(fake_vllm, tokeni
     # continuous batching: requests joined while others were running
     assert any(steps > 0 and running > 0 for steps, running in core.joins)
     assert tm["busy_gpu"] > 0 and tm["generate"] > 0
+
+
+def test_a_sleep_whose_memory_check_another_process_fails_still_sleeps_and_wakes(fake_vllm, tokenizer, capsys):
+    eng = VLLMBackend("some/model", tokenizer, max_model_len=4096)
+    ex = eng.llm.llm_engine.model_executor
+    eng.sleep(), eng.wake_up()  # the plain cycle
+    assert ex.resident and not eng.sleeping and eng.sleep_check_failures == 0
+    ex.check_error = "Memory usage increased after sleeping."  # vLLM's message (gpu_worker.py)
+    eng.sleep()
+    assert eng.sleeping and ex.is_sleeping and not ex.resident and eng.sleep_check_failures == 1
+    assert "sleep check failed" in capsys.readouterr().err
+    eng.wake_up(tags=["weights"])  # seed_rl.py's order: weights, sync, then the KV cache
+    assert eng.sleeping and not ex.resident
+    eng.wake_up(tags=["kv_cache"])
+    assert ex.resident and not eng.sleeping  # without the fix the executor never woke: weights stayed off the GPU
+    ex.check_error = "some other invariant"
+    with pytest.raises(AssertionError, match="some other invariant"):
+        eng.sleep()
