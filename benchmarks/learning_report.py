@@ -218,6 +218,13 @@ def eval_value(summary, key, split="all"):
     return part.get(key)
 
 
+
+def code_label(code):
+    """The commit a run's record names: the launcher's (SEED_CODE_COMMIT) where git's view of the copy is stale."""
+    git = (code["commit"] or "?")[:10] + (" (dirty)" if code["dirty"] else "")
+    return f"{code['launcher_commit'][:10]} (sent; the copy's git said {git})" if code.get("launcher_commit") else git
+
+
 def analyze_group(runs):
     """The numbers of one group: curves, differences, changes, evaluations, cost (a JSON-able dict)."""
     first = runs[0]
@@ -229,8 +236,7 @@ def analyze_group(runs):
     updates = list(range(1, n_updates + 1))
     out = {"group": first["group"], "env": first["env"], "config": first["config"], "start": first["start"]["label"],
            "methods": methods, "seeds": {m: sorted(by[m]) for m in methods},
-           "commits": sorted({(r["code"]["commit"] or "?")[:10] + (" (dirty)" if r["code"]["dirty"] else "")
-                              for r in runs}),
+           "commits": sorted({code_label(r["code"]) for r in runs}),
            "runs": sorted(r["run_id"] for r in runs), "curves": {}, "diffs": {}, "train_change": {},
            "eval": {}, "statements": []}
     both = "seed" in by and "grpo" in by

@@ -90,7 +90,12 @@ def git_state():
             return ""
     commit = git("rev-parse", "HEAD")
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return {"commit": commit or None, "dirty": dirty, "diff_sha256": sha256_text(git("diff", "HEAD")) if dirty else None}
+    out = {"commit": commit or None, "dirty": dirty, "diff_sha256": sha256_text(git("diff", "HEAD")) if dirty else None}
+    # A copy of the tree whose .git is not the tree's own (the GPU machine here got a stale one) says the wrong
+    # commit: the launcher can name the commit it sent, kept beside what git says
+    if os.environ.get("SEED_CODE_COMMIT"):
+        out["launcher_commit"] = os.environ["SEED_CODE_COMMIT"]
+    return out
 
 
 def package_versions():

@@ -193,3 +193,15 @@ def test_resume_with_another_task_list_or_data_file_is_refused(tmp_path):
     other = games_sha256(select_games("valid_seen", 1, n=4))
     with pytest.raises(SystemExit, match="games.sha256"):
         check_resume(path, same, script="seed_rl.py", out="o", identity={"games.sha256": other})
+
+
+def test_git_state_keeps_the_launchers_commit_beside_gits(monkeypatch):
+    from envs.records import git_state
+    monkeypatch.delenv("SEED_CODE_COMMIT", raising=False)
+    plain = git_state()
+    assert "launcher_commit" not in plain
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert plain["commit"] == (head or None)
+    monkeypatch.setenv("SEED_CODE_COMMIT", "5313b2b")
+    named = git_state()
+    assert named["launcher_commit"] == "5313b2b" and named["commit"] == plain["commit"]  # git's view kept too
