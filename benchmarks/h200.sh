@@ -44,16 +44,14 @@
 #                   has not ended by then is killed (no record; attempts.jsonl says so)
 #   START=sft       start from $RUN/sft (made here first from $SFT_DATA if missing, ~80 s) instead of the base
 #   UPDATES=10 TASKS=2 EVAL_LIMIT=12; PACKING=off|auto|... (seed_rl.py --packing; unset: its default, auto)
-# Sizing, from the H200 logs: the fourth session's SEED update on this code (results/h200-2026-12-03-s4: 47.4 s
-# at 30 steps with packed micro-batches, the one-update run 180 s in all, vLLM's engine start 41 s) and 12-03's
-# (GRPO 51-60 s per update at 30 steps); the issue saw 20-35 s per update at 15 steps. So per update ~26 s
-# (SEED) / ~23 s (GRPO), start-up ~100 s, final checkpoint ~30 s, end evaluation ~75 s (24 games), the start
-# evaluation once ~75 s (then kept in results/learning/evals.jsonl). One run alone ~7.5 min, against the
-# ~7.7 min a call leaves the driver: a run does not reliably fit one call, hence DETACH=1 (with the bundle
-# install in the same call, lower BUDGET by its time, ~100 s: BUDGET=380). Two side by side: ~9.5 min if
-# sharing the GPU slows each update 1.3x, ~8.3 min at 1.1x (not measured yet; the first pair measures it:
-# attempts.jsonl, the driver's summary). So ~26 minutes of device time after staging (three calls of L back
-# to back) give 4 runs (SEED and GRPO of seeds 0 and 1) at 1.3x, 6 at 1.1x.
+# Sizing, measured in the fifth session (results/h200-2026-12-03-s5): alone, at 15 steps of 2 x 8 episodes,
+# SEED 18-22 s and GRPO 15-17.5 s per update, start-up ~100 s (vLLM compiles on a fresh machine), end evaluation
+# ~95 s. Three jobs side by side (LANES=3: the start evaluation, SEED and GRPO of seed 0) peaked at 93.6 of 140
+# GiB; GRPO ran at 24.0 s per update (~1.5x), the engine-start gate stopped each job 46-79 s, and its whole run
+# with the evaluation took 520 s: one L call (BUDGET=545 after an install in an earlier call). So the 5 runs
+# still owed for 3 seeds x 2 methods need two calls back to back at LANES=3 (~18 minutes of device time after
+# staging and install). Put SEED_CODE_COMMIT=<the commit you send> in the command: the device copy's .git can
+# be stale, and the records keep what you name beside what git says.
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part.

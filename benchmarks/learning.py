@@ -42,7 +42,7 @@ A record of results/learning/runs.jsonl (one line per finished run):
 | method, seed, env | seed / grpo; seed_rl.py's --seed (task stream, sampling, mini-batch order) |
 | config | updates, tasks per update, group size, max steps, lr, extra seed_rl.py flags that change the math, evaluation settings |
 | start | label (how the report names it), model path, its manifest-style info and the sha256 of its weight files |
-| code | git commit, dirty flag, diff sha256 (of the tree that launched the run) |
+| code | git commit, dirty flag, diff sha256 (of the tree that launched the run); launcher_commit when SEED_CODE_COMMIT is set (the GPU copy's .git can be stale) |
 | commands | the exact train and evaluation command lines, and the driver's |
 | updates | per update: return, success, score, invalid, inadmissible, length, truncated, parse_rate, teacher_coverage, gate_mean, gate_active, gap_mean, kl, pg, opd_loss, grad_norm, tokens, env_failures, time and its phases, memory |
 | eval | start and end: per split and pooled ("all"): success %, Avg %, score %, invalid %, inadmissible %, length, episodes |
@@ -99,11 +99,10 @@ UPDATE_KEYS = {
     "mem_engine_awake_gib": "mem/device_used_gib_engine_awake", "mem_trainer_peak_gib": "mem/trainer_peak_gib",
 }
 # Time model for planning under a deadline (seconds), until runs of the same group are on file. From the H200
-# logs: the fourth session's SEED update on this code (results/h200-2026-12-03-s4: 47.4 s at 30 steps, packed
-# micro-batches, analysis 0.7 s; the whole one-update run 180 s, so ~130 s of start-up and final checkpoint;
-# vLLM's engine start 41 s) and the 12-03 runs (GRPO 51-60 s per update at 30 steps). At 15 steps the issue saw
-# 20-35 s per update of 2 x 8 episodes.
-EST = dict(startup=100, save=30, eval=75, per_update={"seed": 26.0, "grpo": 23.0}, lane_slowdown=1.3)
+# logs of the fifth session (results/h200-2026-12-03-s5): alone, at 15 steps of 2 x 8 episodes, SEED 18-22 s and
+# GRPO 15-17.5 s per update, vLLM's engine start with compilation ~75 s; three jobs side by side (--lanes 3) ran
+# GRPO at a median 24.0 s per update (~1.5x) and its end evaluation in 95 s; the start evaluation took 154 s.
+EST = dict(startup=100, save=30, eval=95, per_update={"seed": 20.0, "grpo": 16.5}, lane_slowdown=1.5)
 ERROR_KINDS = [("out_of_memory", r"CUDA out of memory|OutOfMemoryError|No available memory for the cache blocks"),
                ("vllm_profiling_race", r"Error in memory profiling"),
                ("vllm_sleep_check", r"Memory usage increased after sleeping"),  # before envs/backends.py's fallback
