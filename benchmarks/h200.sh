@@ -43,7 +43,12 @@
 #                   DETACH=0: only jobs that the estimates say end before the deadline are started, and what
 #                   has not ended by then is killed (no record; attempts.jsonl says so)
 #   START=sft       start from $RUN/sft (made here first from $SFT_DATA if missing, ~80 s) instead of the base
-#   UPDATES=10 TASKS=2 EVAL_LIMIT=12; PACKING=off|auto|... (seed_rl.py --packing; unset: its default, auto)
+#   UPDATES TASKS STEPS LR: unset, learning.py's preset for the env (ALFWorld: 10 updates of 2 x 8, 15 steps,
+#                   lr 1e-5; Search: 10 of 8 x 8, 4 turns); EVAL_LIMIT (12 games per split; Search: 100, the whole val
+#                   split); PACKING=off|auto|... (seed_rl.py --packing); LEARN_ARGS: more learning.py flags
+#                   (e.g. --dry-run)
+#   ENV=search      Search on the hotpot questions ($SEARCH_DATA): the retriever starts in its own process
+#                   session on 127.0.0.1:8000 (kept for the next call), the held-out questions are the val split
 # Sizing, measured in the fifth session (results/h200-2026-12-03-s5): alone, at 15 steps of 2 x 8 episodes,
 # SEED 18-22 s and GRPO 15-17.5 s per update, start-up ~100 s (vLLM compiles on a fresh machine), end evaluation
 # ~95 s. Three jobs side by side (LANES=3: the start evaluation, SEED and GRPO of seed 0) peaked at 93.6 of 140
@@ -162,12 +167,24 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
     [ -f "$RUN/sft/config.json" ] || sft 150 "${SFT_DATA:-results/h200-2026-12-03/stage1/skills.sft.jsonl}"
     START_MODEL=$RUN/sft
   fi
+  ENV_ARGS=()
+  if [ "${ENV:-alfworld}" = search ]; then  # the retriever in its own session: it outlives this call for the next
+    SD=${SEARCH_DATA:-${SHARED:-../shared}/search}
+    if ! curl -sf http://127.0.0.1:8000/health > /dev/null; then
+      setsid $PY -m envs.retriever --corpus "$SD/corpus.jsonl.xz" --port 8000 --log-file "$RUN/logs/retriever.log" \
+          > "$RUN/logs/retriever.out" 2>&1 < /dev/null &
+      for i in $(seq 90); do curl -sf http://127.0.0.1:8000/health > /dev/null && break; sleep 1; done
+    fi
+    ENV_ARGS=("--env-args=--retriever-url http://127.0.0.1:8000")
+  fi
   LEFT=$(( ${BUDGET:-480} - SECONDS ))  # what this call has left for the driver
-  step learning $((LEFT + 60)) $PY benchmarks/learning.py --model "$START_MODEL" --env alfworld \
-      --methods "${METHODS:-seed,grpo}" --seeds "${SEEDS:-0 1 2}" --lanes "${LANES:-2}" --updates "${UPDATES:-10}" \
-      --tasks-per-update "${TASKS:-2}" --group-size 8 --max-steps 15 --lr 1e-5 --eval-limit "${EVAL_LIMIT:-12}" \
-      --deadline-s "$LEFT" --scratch "$RUN/learning" --python "$PY" ${PACKING:+--seed-rl-args="--packing $PACKING"} \
-      $([ "${DETACH:-1}" = 1 ] && echo --detach)
+  # settings left unset come from learning.py's per-env preset (ALFWorld: 10 updates of 2 x 8, 15 steps, lr 1e-5)
+  step learning $((LEFT + 60)) $PY benchmarks/learning.py --model "$START_MODEL" --env "${ENV:-alfworld}" \
+      --methods "${METHODS:-seed,grpo}" --seeds "${SEEDS:-0 1 2}" --lanes "${LANES:-2}" ${UPDATES:+--updates "$UPDATES"} \
+      ${TASKS:+--tasks-per-update "$TASKS"} ${STEPS:+--max-steps "$STEPS"} ${LR:+--lr "$LR"} \
+      --eval-limit "${EVAL_LIMIT:-$([ "${ENV:-alfworld}" = search ] && echo 100 || echo 12)}" --deadline-s "$LEFT" \
+      --scratch "$RUN/learning" --python "$PY" ${PACKING:+--seed-rl-args="--packing $PACKING"} \
+      ${ENV_ARGS[@]+"${ENV_ARGS[@]}"} $([ "${DETACH:-1}" = 1 ] && echo --detach) ${LEARN_ARGS:-}
   mkdir -p "$OUT/learning" && cp results/learning/*.jsonl "$OUT/learning/"
   # logs, status and metrics of every job (no weights, no trajectories)
   (cd "$RUN" && find learning -maxdepth 3 -not -path 'learning/start-*' \( -name '*.log' -o -name '*.json' \
