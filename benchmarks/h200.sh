@@ -84,6 +84,15 @@ sft() {  # sft TIMEOUT_S DATA: the short SFT of the 0.5B model (S1, SFT); its me
   mkdir -p "$RUN/stage1" && cp "$RUN/sft/metrics.jsonl" "$RUN/stage1/sft_metrics.jsonl" 2>/dev/null
 }
 
+retriever() {  # retriever [setsid]: the BM25 server on 127.0.0.1:8000 over $SEARCH_DATA unless one answers
+  RETR=""       # its pid when started here; setsid: in its own session, so it outlives this call
+  curl -sf http://127.0.0.1:8000/health > /dev/null && return
+  ${1:-} $PY -m envs.retriever --corpus "${SEARCH_DATA:-${SHARED:-../shared}/search}/corpus.jsonl.xz" --port 8000 \
+      --log-file "$RUN/logs/retriever.log" > "$RUN/logs/retriever.out" 2>&1 < /dev/null &
+  RETR=$!
+  for i in $(seq 90); do curl -sf http://127.0.0.1:8000/health > /dev/null && break; sleep 1; done
+}
+
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RUN/logs/gpu.txt"
 $PY -c "import torch, transformers, vllm; print('torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)" | tee -a "$RUN/logs/gpu.txt"
 
@@ -144,11 +153,8 @@ AS)  # lockstep vs per-episode rollout, and the update with the analysis overlap
   tar -czf "$OUT/AS.tar.gz" -C "$RUN" logs $(cd "$RUN" && ls -d async/*.log async/*.json async/*/metrics.jsonl 2>/dev/null)
   ;;
 Q)  # Search: retriever server, EM before, SEED updates, EM after (validation questions, plain prompt)
-  SD=${SEARCH_DATA:-${SHARED:-../shared}/search}; mkdir -p "$RUN/search"
-  $PY -m envs.retriever --corpus "$SD/corpus.jsonl.xz" --port 8000 --log-file "$RUN/logs/retriever.log" \
-      > "$RUN/logs/retriever.out" 2>&1 &
-  RETR=$!
-  for i in $(seq 60); do curl -sf http://127.0.0.1:8000/health > /dev/null && break; sleep 1; done
+  mkdir -p "$RUN/search"
+  retriever
   EV="--env search --splits val --backend vllm --gpu-memory-utilization 0.5 --workers 16"
   step search_eval0 150 $PY evaluate.py $EV --model "$M" --out "$RUN/search/eval0"
   step search_seed 330 $TORCHRUN seed_rl.py --env search --model "$M" --tasks-per-update ${TASKS:-16} \
@@ -156,7 +162,7 @@ Q)  # Search: retriever server, EM before, SEED updates, EM after (validation qu
       --out "$RUN/search/seed"
   F=$RUN/search/seed/hf/final; [ -f "$F/config.json" ] || F=$M
   step search_eval1 150 $PY evaluate.py $EV --model "$F" --out "$RUN/search/eval1"
-  kill $RETR 2>/dev/null
+  [ -n "$RETR" ] && kill $RETR 2>/dev/null
   for d in eval0 eval1; do rm -f "$RUN/search/$d/trajectories.jsonl.gz"; gzip -f "$RUN/search/$d/trajectories.jsonl" 2>/dev/null; done
   tar -czf "$OUT/Q.tar.gz" -C "$RUN" search/eval0 search/eval1 search/seed/metrics.jsonl search/seed/examples.jsonl \
       search/seed/seed_manifest.json search/seed/lengths.jsonl logs
@@ -168,13 +174,8 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
     START_MODEL=$RUN/sft
   fi
   ENV_ARGS=()
-  if [ "${ENV:-alfworld}" = search ]; then  # the retriever in its own session: it outlives this call for the next
-    SD=${SEARCH_DATA:-${SHARED:-../shared}/search}
-    if ! curl -sf http://127.0.0.1:8000/health > /dev/null; then
-      setsid $PY -m envs.retriever --corpus "$SD/corpus.jsonl.xz" --port 8000 --log-file "$RUN/logs/retriever.log" \
-          > "$RUN/logs/retriever.out" 2>&1 < /dev/null &
-      for i in $(seq 90); do curl -sf http://127.0.0.1:8000/health > /dev/null && break; sleep 1; done
-    fi
+  if [ "${ENV:-alfworld}" = search ]; then  # the retriever outlives this call: the detached jobs need it next call
+    retriever setsid
     ENV_ARGS=("--env-args=--retriever-url http://127.0.0.1:8000")
   fi
   LEFT=$(( ${BUDGET:-480} - SECONDS ))  # what this call has left for the driver

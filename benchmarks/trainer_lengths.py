@@ -160,7 +160,8 @@ def profile(step, name):
     # PyTorch's elementwise/reduction kernels spell them); "idle" = wall time with no kernel running
     shares = {}
     for e in kernels:
-        shares[kernel_family(e.key)] = shares.get(kernel_family(e.key), 0.0) + e.self_device_time_total / 1e6
+        fam = kernel_family(e.key)
+        shares[fam] = shares.get(fam, 0.0) + e.self_device_time_total / 1e6
     shares["idle"] = max(0.0, wall - busy)
     os.makedirs(args.profile, exist_ok=True)
     with open(os.path.join(args.profile, f"{name.replace(':', '_')}.txt"), "w") as f:
