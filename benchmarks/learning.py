@@ -65,6 +65,8 @@ import signal
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -259,9 +261,12 @@ def parse_args(argv=None):
     g.add_argument("--dry-run", action="store_true", help="print the plan and the commands, run nothing")
     g.add_argument("--merge", nargs="+", metavar="DIR", help="append the records of returned results folders "
                    "(runs.jsonl, evals.jsonl, attempts.jsonl) to --results-dir, skipping those already there")
+    g.add_argument("--salvage", nargs="+", metavar="PATH", help="records from part L's returned job folders "
+                   "(L.tar.gz or its unpacked folder) that no driver collected: finished jobs, and runs whose training "
+                   "finished but whose end evaluation did not (recorded without it); the rest as lost attempts")
     g.add_argument("--job", metavar="DIR", help=argparse.SUPPRESS)  # internal: run one job (the runner)
     args = p.parse_args(argv)
-    if not (args.job or args.merge) and not args.model:
+    if not (args.job or args.merge or args.salvage) and not args.model:
         p.error("--model is needed")
     for k, v in LEARNING_PRESETS[args.env].items():
         if getattr(args, k) is None:
@@ -624,6 +629,32 @@ def error_kind(log_path):
     return None
 
 
+def job_record(job, status, train_out, results_json, host_cpus=None):
+    """The record of a finished job (less the start evaluation, which the driver joins): the run's per-update
+    rows from seed_rl.py's metrics.jsonl and its end evaluation (None where results_json is None: --salvage)."""
+    compute = {"lanes": job["lanes"], "train_wall_s": round(status.get("train_wall_s", 0.0), 1),
+               "eval_wall_s": round(status.get("eval_wall_s", 0.0), 1) if results_json else None,
+               "frozen_s": round(status.get("frozen_s", 0.0), 1),
+               "device_peak_mib": status.get("device_peak_mib"), "device_total_mib": status.get("device_total_mib"),
+               "attempts": status.get("attempts"), "host_cpus": host_cpus}
+    common = {"group": job["group"], "env": job["env"], "config": job["config"], "start": job["start"],
+              "code": job["code"], "finished": now()}
+    end = eval_summary(results_json) if results_json else None
+    if job["kind"] != "run":
+        return dict(eval_key=job["eval_key"], **common, command=shlex.join(job["eval_cmd"]), summary=end,
+                    compute=compute)
+    man = read_json(os.path.join(train_out, "seed_manifest.json"), {})
+    cmd = job["train_cmd"]
+    compute.update(gpu_util_train=float(cmd[cmd.index("--gpu-memory-utilization") + 1]),
+                   workers=int(cmd[cmd.index("--workers") + 1]),
+                   gpus=(man.get("hardware") or {}).get("gpus"), packages=man.get("packages"))
+    return dict(run_id=job["run_id"], method=job["method"], seed=job["seed"], **common, eval_key=job["eval_key"],
+                commands={"train": shlex.join(job["train_cmd"]), "eval_end": shlex.join(job["eval_cmd"]),
+                          "driver": shlex.join(job["driver"])},
+                train_manifest_git=man.get("git"), updates=update_rows(os.path.join(train_out, "metrics.jsonl")),
+                eval={"end": end}, compute=compute)
+
+
 def run_job(jobdir):
     """The runner: train (runs only), evaluate, then done.json (the record, less the start evaluation)."""
     job = read_json(os.path.join(jobdir, "job.json"))
@@ -683,27 +714,7 @@ def run_job(jobdir):
         rc = run_child(job["eval_cmd"], log, gate, status, status_path, "eval")
         if rc != 0 or not os.path.isfile(results):
             fail("eval", rc, log)
-    compute = {"lanes": job["lanes"], "train_wall_s": round(status.get("train_wall_s", 0.0), 1),
-               "eval_wall_s": round(status.get("eval_wall_s", 0.0), 1),
-               "frozen_s": round(status.get("frozen_s", 0.0), 1),
-               "device_peak_mib": status.get("device_peak_mib"), "device_total_mib": status.get("device_total_mib"),
-               "attempts": status["attempts"], "host_cpus": os.cpu_count()}
-    common = {"group": job["group"], "env": job["env"], "config": job["config"], "start": job["start"],
-              "code": job["code"], "finished": now()}
-    if job["kind"] == "run":
-        man = read_json(os.path.join(train_out, "seed_manifest.json"), {})
-        cmd = job["train_cmd"]
-        compute.update(gpu_util_train=float(cmd[cmd.index("--gpu-memory-utilization") + 1]),
-                       workers=int(cmd[cmd.index("--workers") + 1]),
-                       gpus=(man.get("hardware") or {}).get("gpus"), packages=man.get("packages"))
-        done = dict(run_id=job["run_id"], method=job["method"], seed=job["seed"], **common, eval_key=job["eval_key"],
-                    commands={"train": shlex.join(job["train_cmd"]), "eval_end": shlex.join(job["eval_cmd"]),
-                              "driver": shlex.join(job["driver"])},
-                    train_manifest_git=man.get("git"), updates=update_rows(os.path.join(train_out, "metrics.jsonl")),
-                    eval={"end": eval_summary(results)}, compute=compute)
-    else:
-        done = dict(eval_key=job["eval_key"], **common, command=shlex.join(job["eval_cmd"]),
-                    summary=eval_summary(results), compute=compute)
+    done = job_record(job, status, train_out, results, host_cpus=os.cpu_count())
     write_json(os.path.join(jobdir, "done.json"), done)
     if job["kind"] == "run" and not job["keep_checkpoints"]:
         shutil.rmtree(os.path.join(train_out, "hf"), ignore_errors=True)  # the end weights, once evaluated
@@ -788,7 +799,8 @@ def estimate(job, results, lanes):
     if job["kind"] == "start_eval":
         return EST["startup"] * 0.5 + EST["eval"]
     same = [r["compute"]["train_wall_s"] + r["compute"]["eval_wall_s"] for r in read_jsonl(results.path["runs"])
-            if r["group"] == job["group"] and r["method"] == job["method"] and r["compute"]["lanes"] == lanes]
+            if r["group"] == job["group"] and r["method"] == job["method"] and r["compute"]["lanes"] == lanes
+            and r["compute"]["eval_wall_s"] is not None]  # a salvaged run has no end evaluation
     if same:
         return statistics.median(same)
     c = job["config"]
@@ -958,6 +970,57 @@ def merge(args):
     return 0
 
 
+def salvage(args):
+    """Records from the job folders that part L brought back ($OUT/L.tar.gz, or the folder it unpacks to) when
+    the machine went away before the driver collected them (the device time ran out, the machine was released
+    between calls). A finished job (done.json) -> its record, as the driver writes it. A run whose training
+    finished (every update in metrics.jsonl) but whose end evaluation did not -> its record with eval.end None and
+    the reason: its end weights went with the machine, so that evaluation can never be added, and the report
+    counts such runs in the training curves only. Anything less -> an attempt record, "lost" (or "failed")."""
+    results = Results(args.results_dir)
+    for src in args.salvage:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = src
+            if os.path.isfile(src):
+                with tarfile.open(src) as tar:
+                    tar.extractall(tmp, filter="data")
+                root = tmp
+            base = os.path.join(root, "learning") if os.path.isdir(os.path.join(root, "learning")) else root
+            jobs = [dict(j, dir=os.path.join(base, name)) for name in sorted(os.listdir(base))  # the folder here
+                    if (j := read_json(os.path.join(base, name, "job.json")))]
+            for job in sorted(jobs, key=lambda j: j["kind"] == "run"):  # start evaluations first: runs join them
+                jobdir = job["dir"]
+                st = read_json(os.path.join(jobdir, "status.json"), {})
+                kind, key = ("runs", "run_id") if job["kind"] == "run" else ("evals", "eval_key")
+                if job[key] in results.ids[kind]:
+                    print(f"{src}: {job['job_id']}: on file")
+                    continue
+                done = read_json(os.path.join(jobdir, "done.json"))
+                rows = read_jsonl(os.path.join(jobdir, "train", "metrics.jsonl"))
+                trained = sorted(r["update"] for r in rows) == list(range(1, job["config"]["updates"] + 1))
+                if done is None and job["kind"] == "run" and trained:
+                    done = job_record(job, st, os.path.join(jobdir, "train"), None)
+                    done["eval"]["end_missing"] = (f"the machine went away in phase {st.get('phase')!r}, before the "
+                                                   "end evaluation finished (learning.py --salvage)")
+                if done is None:
+                    outcome = "failed" if st.get("phase") == "failed" else "lost"
+                    results.add("attempts", attempt_record(job, outcome))
+                    print(f"{src}: {job['job_id']}: {outcome} ({len(rows)} of {job['config'].get('updates')} "
+                          f"updates), attempt on file")
+                    continue
+                if job["kind"] == "run":
+                    se = results.evals.get(job["eval_key"])
+                    done["eval"]["start"] = se["summary"] if se else None
+                    done["commands"]["eval_start"] = se["command"] if se else None
+                    results.add("runs", done)
+                else:
+                    results.add("evals", done)
+                outcome = "salvaged" if job["kind"] == "run" and done["eval"]["end"] is None else "ok"
+                results.add("attempts", attempt_record(job, outcome))
+                print(f"{src}: {job['job_id']}: record on file ({outcome})")
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.job:
@@ -965,6 +1028,8 @@ def main(argv=None):
         return 0
     if args.merge:
         return merge(args)
+    if args.salvage:
+        return salvage(args)
     return drive(args)
 
 

@@ -31,6 +31,7 @@ CURVES = [("invalid", "invalid-action rate"), ("inadmissible", "inadmissible-act
           ("kl", "KL to the reference"), ("parse_rate", "skill parse rate"), ("teacher_coverage", "teacher coverage"),
           ("gate_mean", "OPD gate mean"), ("gate_active", "OPD gate active ratio")]
 DIFFS = CURVES[:6]
+RATES = {"invalid", "inadmissible", "success", "parse_rate", "teacher_coverage", "gate_mean", "gate_active"}
 EVAL_KEYS = [("invalid", "invalid %"), ("inadmissible", "inadmissible %"), ("success", "success %"),
              ("score", "score %"), ("length", "episode length")]
 METHOD_ORDER = ["seed", "grpo"]
@@ -180,11 +181,11 @@ def _flat(ci):
     return "; every seed gave the same value" if ci["sd"] == 0 else ""
 
 
-def change_statement(who, what, ci, unit=""):
+def change_statement(who, what, ci, unit="", none="no runs"):
     """The plain statement about one change (e.g. end - start evaluation), over seeds: higher / lower only when
     the interval excludes 0; otherwise "no change shown"; with fewer than 2 seeds, no interval."""
     if ci["mean"] is None:
-        return f"{who}, {what}: no runs."
+        return f"{who}, {what}: {none}."
     if ci["lo"] is None:
         return f"{who}, {what}: {fmt(ci['mean'])}{unit} from 1 seed, no interval: nothing can be said."
     rng = f"{fmt(ci['mean'])}{unit}, 95% interval {fmt(ci['lo'])} to {fmt(ci['hi'])}, {ci['n']} seeds{_flat(ci)}"
@@ -222,7 +223,10 @@ def eval_value(summary, key, split="all"):
 def code_label(code):
     """The commit a run's record names: the launcher's (SEED_CODE_COMMIT) where git's view of the copy is stale."""
     git = (code["commit"] or "?")[:10] + (" (dirty)" if code["dirty"] else "")
-    return f"{code['launcher_commit'][:10]} (sent; the copy's git said {git})" if code.get("launcher_commit") else git
+    sent = code.get("launcher_commit")
+    if not sent or (sent == code["commit"] and not code["dirty"]):
+        return git
+    return f"{sent[:10]} (sent; the copy's git said {git})"
 
 
 def analyze_group(runs):
@@ -242,9 +246,12 @@ def analyze_group(runs):
     both = "seed" in by and "grpo" in by
     out["matched_seeds"] = sorted(set(by["seed"]) & set(by["grpo"])) if both else []
     # ---- curves per method, and the paired difference per update
+    out["per_seed"] = {}  # each run's own curve (thin lines in the figure: with 2-3 seeds they say more than a band)
     for key, _ in CURVES:
         out["curves"][key] = {m: [mean_ci([series(r, key).get(u) for r in by[m].values()]) for u in updates]
                               for m in methods}
+        out["per_seed"][key] = {m: {s: [series(r, key).get(u) for u in updates] for s, r in sorted(by[m].items())}
+                                for m in methods}
     if both:
         for key, label in DIFFS:
             per = []
@@ -284,10 +291,14 @@ def analyze_group(runs):
                 ev.setdefault("seed_minus_grpo", {})[k] = mean_ci(d)
         out["eval"][split] = ev
     ev = out["eval"]["all"]
+    # runs whose end evaluation never came (learning.py --salvage): in the training curves only
+    out["no_end_eval"] = {r["run_id"]: r["eval"].get("end_missing", "?") for r in runs if not r["eval"].get("end")}
     for k, label in EVAL_KEYS[:3]:
         for m in methods:
-            out["statements"].append(change_statement(LABEL.get(m, m), f"held-out {label}, end policy minus the start",
-                                                      ev[m][k]["end_minus_start"], " points" if "%" in label else ""))
+            lost = sum(1 for r in by[m].values() if r["run_id"] in out["no_end_eval"])
+            out["statements"].append(change_statement(
+                LABEL.get(m, m), f"held-out {label}, end policy minus the start", ev[m][k]["end_minus_start"],
+                " points" if "%" in label else "", none=f"no end evaluation on file ({lost} run(s) without one)"))
         if both:
             out["statements"].append(paired_statement(f"held-out {label} of the end policy", ev["seed_minus_grpo"][k]))
     # ---- cost: seconds per update, walls, the gate, device memory
@@ -336,13 +347,19 @@ def figures(g, out_dir):
         for m in g["methods"]:
             if any(c["mean"] is not None for c in g["curves"][key][m]):
                 band(ax, g["curves"][key][m], colors.get(m), f"{LABEL.get(m, m)} (n {len(g['seeds'][m])})")
+                for vals in g["per_seed"][key][m].values():
+                    ax.plot(ups, [float("nan") if v is None else v for v in vals], color=colors.get(m), lw=0.7,
+                            alpha=0.45)
+        if key in RATES:  # a t-interval of a rate can pass 0 or 1 (few seeds); the tables keep its numbers
+            ax.set_ylim(-0.05, 1.05)
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("update")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.suptitle(f"Training curves: mean over seeds, 95% t-interval shaded ({title})")
+    fig.suptitle(f"Training curves: mean over seeds (thick), each run (thin), 95% t-interval shaded; rates "
+                 f"on [0, 1] ({title})")
     fig.tight_layout()
     files.append(f"{g['group']}_curves.png")
     fig.savefig(os.path.join(out_dir, files[-1]), dpi=110)
@@ -399,7 +416,11 @@ def group_markdown(g, figs):
           f"eval seed {e['seed']}, {e['max_steps']} steps; the start is evaluated once and shared by every run",
           "- seeds: " + "; ".join(f"{LABEL.get(m, m)} {g['seeds'][m]}" for m in g["methods"])
           + f"; matched (both methods): {g['matched_seeds']}",
-          f"- code: {', '.join(g['commits'])}; runs: {', '.join(g['runs'])}", "",
+          f"- code: {', '.join(g['commits'])}; runs: {', '.join(g['runs'])}"]
+    if g["no_end_eval"]:
+        md.append(f"- without an end evaluation (in the training curves only; the held-out rows count the other "
+                  f"runs): {', '.join(f'{k} ({v})' for k, v in sorted(g['no_end_eval'].items()))}")
+    md += ["",
           "### What the intervals show", ""] + [f"- {s}" for s in g["statements"]] + [""]
     for f in figs:
         md += [f"![{f}]({f})", ""]
@@ -455,7 +476,7 @@ def write_report(results_dir, out, exclude=(), draw=True):
         groups.setdefault(r["group"], []).append(r)
     analyses = [analyze_group(rs) for _, rs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
     md = ["# Learning benchmark: SEED beside GRPO", "",
-          f"{len(runs)} run(s) from `{os.path.join(results_dir, 'runs.jsonl')}` in {len(analyses)} group(s) (env + "
+          f"{len(runs)} run(s) from `{os.path.relpath(os.path.join(results_dir, 'runs.jsonl'), REPO)}` in {len(analyses)} group(s) (env + "
           "settings + start; groups are never pooled with each other). Produced by `benchmarks/learning.py`; this "
           "file by `benchmarks/learning_report.py`.", "",
           "How to read it: every interval is a 95% Student-t interval over seeds (n - 1 degrees of freedom). "

@@ -126,6 +126,40 @@ def test_merge_appends_only_new_records(fake, tmp_path):
     assert len(read(home / "runs.jsonl")) == 2 and len(read(home / "evals.jsonl")) == 1
 
 
+def test_salvage_records_what_a_lost_machine_brought_back(fake, tmp_path):
+    """Part L's tarball of job folders after the machine went away: a run whose training finished but whose end
+    evaluation did not gets a record without it (and its reason); a run cut off in training only a 'lost' attempt;
+    a finished start evaluation its record. Salvaging twice adds nothing."""
+    import shutil
+    import tarfile
+    fake("--methods", "grpo", "--seeds", "0,1")
+    jobs = {p.name.split("-")[0] + p.name.split("-")[1]: p for p in fake.scratch.iterdir() if (p / "job.json").exists()}
+    a, b = jobs["grpos0"], jobs["grpos1"]
+    for d, phase, keep in ((a, "eval", 3), (b, "train", 2)):
+        (d / "done.json").unlink()
+        shutil.rmtree(d / "eval", ignore_errors=True)
+        st = json.loads((d / "status.json").read_text())
+        (d / "status.json").write_text(json.dumps(dict(st, phase=phase)))
+        rows = (d / "train" / "metrics.jsonl").read_text().splitlines()[:keep]
+        (d / "train" / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    tarball = tmp_path / "L.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        for d in jobs.values():
+            tar.add(d, arcname=f"learning/{d.name}")
+    home = tmp_path / "home"
+    for _ in range(2):
+        run_script(["benchmarks/learning.py", "--salvage", str(tarball), "--results-dir", str(home)])
+    runs, attempts = read(home / "runs.jsonl"), read(home / "attempts.jsonl")
+    assert [r["seed"] for r in runs] == [0] and len(read(home / "evals.jsonl")) == 1
+    r = runs[0]
+    assert [u["update"] for u in r["updates"]] == [1, 2, 3] and r["eval"]["end"] is None
+    assert "end evaluation" in r["eval"]["end_missing"] and r["eval"]["start"]["all"]["invalid"] == 81.0
+    assert r["compute"]["eval_wall_s"] is None and r["compute"]["train_wall_s"] > 0
+    assert sorted((x["seed"], x["outcome"], x["updates_done"]) for x in attempts if x["kind"] == "run") == \
+        [(0, "salvaged", 3), (1, "lost", 2)]
+    assert len(attempts) == 3  # and the start evaluation's, once
+
+
 def test_math_flags_keep_only_what_changes_the_result():
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     import learning

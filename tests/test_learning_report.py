@@ -166,3 +166,25 @@ def test_exclude_leaves_a_run_out(report):
     rep = lr.write_report(str(d), str(d / "report_ex"), exclude={"grpo-s2-g1"}, draw=False)
     g = rep["groups"][0]
     assert g["matched_seeds"] == [0, 1] and g["seeds"]["grpo"] == [0, 1]
+
+
+def test_a_run_without_its_end_evaluation_counts_in_the_curves_only(tmp_path):
+    """learning.py --salvage: a run whose end evaluation never came. Its training rows pool as usual; the held-out
+    end rows count the other runs only, and the report names it."""
+    runs = [record(m, s) for m, s in INVALID]
+    lost = [r for r in runs if r["method"] == "seed" and r["seed"] == 2][0]
+    lost["eval"] = {"start": START, "end": None, "end_missing": "the machine went away"}
+    lost["compute"]["eval_wall_s"] = None
+    with open(tmp_path / "runs.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in runs)
+    g = lr.write_report(str(tmp_path), str(tmp_path / "report"), draw=False)["groups"][0]
+    assert g["curves"]["invalid"]["seed"][2]["n"] == 3 and g["no_end_eval"] == {"seed-s2-g1": "the machine went away"}
+    es = g["eval"]["all"]["seed"]["invalid"]["end_minus_start"]  # SEED end - start over seeds 0, 1: [-40, -30]
+    assert es["n"] == 2 and es["mean"] == pytest.approx(-35.0)
+    assert g["eval"]["all"]["seed_minus_grpo"]["invalid"]["n"] == 2  # paired: seeds 0 and 1
+    assert g["cost"]["seed"]["eval_wall_s"]["n"] == 2
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "without an end evaluation (in the training curves only" in md and "seed-s2-g1 (the machine went away)" in md
+    lost_all = [dict(r, eval={"start": START, "end": None}) for r in runs if r["method"] == "seed"]
+    stmt = lr.analyze_group(lost_all)["statements"]
+    assert any("held-out invalid %" in s and "no end evaluation on file (3 run(s) without one)" in s for s in stmt)
