@@ -49,14 +49,15 @@
 #                   (e.g. --dry-run)
 #   ENV=search      Search on the hotpot questions ($SEARCH_DATA): the retriever starts in its own process
 #                   session on 127.0.0.1:8000 (kept for the next call), the held-out questions are the val split
-# Sizing, measured in the fifth session (results/h200-2026-12-03-s5): alone, at 15 steps of 2 x 8 episodes,
-# SEED 18-22 s and GRPO 15-17.5 s per update, start-up ~100 s (vLLM compiles on a fresh machine), end evaluation
-# ~95 s. Three jobs side by side (LANES=3: the start evaluation, SEED and GRPO of seed 0) peaked at 93.6 of 140
-# GiB; GRPO ran at 24.0 s per update (~1.5x), the engine-start gate stopped each job 46-79 s, and its whole run
-# with the evaluation took 520 s: one L call (BUDGET=545 after an install in an earlier call). So the 5 runs
-# still owed for 3 seeds x 2 methods need two calls back to back at LANES=3 (~18 minutes of device time after
-# staging and install). Put SEED_CODE_COMMIT=<the commit you send> in the command: the device copy's .git can
-# be stale, and the records keep what you name beside what git says.
+# Sizing, measured in the fifth and sixth sessions (results/h200-2026-12-03-s5, -s6): alone, at 15 steps of 2 x 8
+# episodes, SEED 18-22 s and GRPO 15-17.5 s per update, start-up ~100 s (vLLM compiles on a fresh machine), end
+# evaluation ~95 s. Side by side, per update: LANES=3 SEED 35-38 s, GRPO 24-27 s; LANES=2 (two SEED runs) SEED
+# 42-44 s; a SEED run's training 607-609 s at LANES=2, device peak 82 GiB (LANES=3: 122.8 of 140 GiB). Two end
+# evaluations side by side were still running after 147 s. So a SEED run is ~14 minutes side by side: a wave of
+# runs spans two calls, and the last call must leave ~4 minutes after training for the end evaluations. If the
+# machine goes away first, `python benchmarks/learning.py --salvage <files_at>/L.tar.gz` records what came back
+# (a run whose training finished, without its end evaluation). Put SEED_CODE_COMMIT=<the commit you send> in the
+# command: the device copy's .git can be stale, and the records keep what you name beside what git says.
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part.

@@ -100,11 +100,13 @@ UPDATE_KEYS = {
     "time_scoring": "time/scoring", "time_train": "time/train", "time_sync": "time/sync",
     "mem_engine_awake_gib": "mem/device_used_gib_engine_awake", "mem_trainer_peak_gib": "mem/trainer_peak_gib",
 }
-# Time model for planning under a deadline (seconds), until runs of the same group are on file. From the H200
-# logs of the fifth session (results/h200-2026-12-03-s5): alone, at 15 steps of 2 x 8 episodes, SEED 18-22 s and
-# GRPO 15-17.5 s per update, vLLM's engine start with compilation ~75 s; three jobs side by side (--lanes 3) ran
-# GRPO at a median 24.0 s per update (~1.5x) and its end evaluation in 95 s; the start evaluation took 154 s.
-EST = dict(startup=100, save=30, eval=95, per_update={"seed": 20.0, "grpo": 16.5}, lane_slowdown=1.5)
+# Time model for planning under a deadline (seconds), until runs of the same group are on file. Alone (fifth
+# session, results/h200-2026-12-03-s5), at 15 steps of 2 x 8 episodes: SEED 18-22 s and GRPO 15-17.5 s per update,
+# vLLM's engine start with compilation ~75 s, the end evaluation ~95 s. Side by side (sixth session,
+# results/h200-2026-12-03-s6): per update, median over a run, SEED 42-44 s at --lanes 2 (two SEED runs) and 35-38 s
+# at --lanes 3, GRPO 24-27 s at --lanes 3: ~1.5-2.1x alone, so 1.9; two end evaluations side by side had not
+# finished after 147 s (the gate stops one while the other's engine starts), so the evaluation slows by as much.
+EST = dict(startup=100, save=30, eval=95, per_update={"seed": 20.0, "grpo": 16.5}, lane_slowdown=1.9)
 ERROR_KINDS = [("out_of_memory", r"CUDA out of memory|OutOfMemoryError|No available memory for the cache blocks"),
                ("vllm_profiling_race", r"Error in memory profiling"),
                ("vllm_sleep_check", r"Memory usage increased after sleeping"),  # before envs/backends.py's fallback
@@ -806,7 +808,8 @@ def estimate(job, results, lanes):
     c = job["config"]
     scale = (c["tasks_per_update"] * c["group_size"] / 16 * c["max_steps"] / 15
              * (EST["lane_slowdown"] if lanes > 1 else 1))
-    return EST["startup"] + c["updates"] * EST["per_update"][job["method"]] * scale + EST["save"] + EST["eval"]
+    return (EST["startup"] + c["updates"] * EST["per_update"][job["method"]] * scale + EST["save"]
+            + EST["eval"] * (EST["lane_slowdown"] if lanes > 1 else 1))
 
 
 def attempt_record(job, outcome):
