@@ -19,13 +19,17 @@ finished run goes to results/learning/runs.jsonl; `benchmarks/learning_report.py
     python benchmarks/learning_report.py --results-dir /tmp/learning-smoke
     # bring the records of a GPU call home (dedupes by run id)
     python benchmarks/learning.py --merge /path/to/returned/learning
+    # the machine went away before the driver collected its jobs: records from the job folders part L returned
+    python benchmarks/learning.py --salvage /path/to/returned/L.tar.gz
 
 Units of work. A *job* is one run (train, then evaluate the end policy) or one start evaluation. Each job has a
 folder under --scratch and is executed by a *runner* (this file with --job DIR) in its own process session, so
 that it survives the driver: with --detach the driver returns at its deadline and the jobs run on; the next
 call (same machine, same --scratch) re-attaches to them and collects what finished. A finished job leaves
 done.json; the driver turns it into a record. A job killed on the way leaves no record: its rerun starts
-training afresh (or resumes seed_rl.py's own checkpoint, with --save-every), and evaluate.py resumes itself.
+training afresh (or resumes seed_rl.py's own checkpoint, with --save-every), and evaluate.py resumes itself. A machine
+that goes away takes its jobs with it; --salvage records what the returned job folders hold (a run whose training
+finished, without its end evaluation; the rest as lost attempts).
 
 Side by side on one GPU (--lanes 2): every process gets a share of the GPU (vLLM's gpu_memory_utilization).
 vLLM sizes its KV cache at start-up from how the device's free memory changes while it profiles, and asserts

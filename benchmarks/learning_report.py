@@ -486,7 +486,7 @@ def write_report(results_dir, out, exclude=(), draw=True):
           "separate, not corrected for looking at many updates. 'Update N minus update 1' compares different tasks "
           "(each update draws new ones; the same for both methods of a seed). The start of the held-out evaluation "
           "is one evaluation shared by all runs: its own sampling noise is not inside the end - start intervals.", ""]
-    report = {"results_dir": results_dir, "runs": len(runs), "groups": []}
+    report = {"results_dir": os.path.relpath(results_dir, REPO), "runs": len(runs), "groups": []}
     for g in analyses:
         figs = figures(g, out) if draw else []
         md += group_markdown(g, figs)
