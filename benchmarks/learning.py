@@ -989,12 +989,19 @@ def salvage(args):
         with tempfile.TemporaryDirectory() as tmp:
             root = src
             if os.path.isfile(src):
-                with tarfile.open(src) as tar:
-                    tar.extractall(tmp, filter="data")
+                try:
+                    with tarfile.open(src) as tar:
+                        tar.extractall(tmp, filter="data")
+                except (tarfile.TarError, OSError) as e:
+                    sys.exit(f"--salvage: {src}: not a readable tarball ({type(e).__name__})")
                 root = tmp
+            elif not os.path.isdir(src):
+                sys.exit(f"--salvage: {src}: no such file or folder")
             base = os.path.join(root, "learning") if os.path.isdir(os.path.join(root, "learning")) else root
             jobs = [dict(j, dir=os.path.join(base, name)) for name in sorted(os.listdir(base))  # the folder here
                     if (j := read_json(os.path.join(base, name, "job.json")))]
+            if not jobs:
+                print(f"{src}: no job folders (learning/<job>/job.json) in it")
             for job in sorted(jobs, key=lambda j: j["kind"] == "run"):  # start evaluations first: runs join them
                 jobdir = job["dir"]
                 st = read_json(os.path.join(jobdir, "status.json"), {})

@@ -158,6 +158,11 @@ def test_salvage_records_what_a_lost_machine_brought_back(fake, tmp_path):
     assert sorted((x["seed"], x["outcome"], x["updates_done"]) for x in attempts if x["kind"] == "run") == \
         [(0, "salvaged", 3), (1, "lost", 2)]
     assert len(attempts) == 3  # and the start evaluation's, once
+    # bad input: one line, no traceback
+    (tmp_path / "bad.tar.gz").write_text("not a tarball")
+    for path, said in ((tmp_path / "bad.tar.gz", "not a readable tarball"), (tmp_path / "nowhere", "no such file")):
+        p = run_script(["benchmarks/learning.py", "--salvage", str(path), "--results-dir", str(home)], check=False)
+        assert p.returncode == 1 and said in p.stderr and "Traceback" not in p.stderr
 
 
 def test_math_flags_keep_only_what_changes_the_result():
