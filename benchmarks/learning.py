@@ -581,11 +581,12 @@ def run_child(cmd, log_path, gate, status, status_path, phase, ready_file=None):
     return proc.returncode
 
 
-def train_complete(job):
+def train_complete(job, need_weights=True):
+    """Every update in metrics.jsonl, and (need_weights) the end weights saved for the evaluation."""
     out = os.path.join(job["dir"], "train")
     rows = read_jsonl(os.path.join(out, "metrics.jsonl"))
     return (sorted(r["update"] for r in rows) == list(range(1, job["config"]["updates"] + 1))
-            and os.path.isfile(os.path.join(out, "hf", "final", "config.json")))
+            and (not need_weights or os.path.isfile(os.path.join(out, "hf", "final", "config.json"))))
 
 
 def eval_summary(results_path):
@@ -840,10 +841,16 @@ def collect(job, results, start_eval_job, wait_for_start=False):
     se = results.evals.get(job["eval_key"]) or read_json(os.path.join(start_eval_job["dir"], "done.json"))
     if se is None and wait_for_start:
         return "waiting"
-    done["eval"]["start"] = se["summary"] if se else None  # None: the report joins evals.jsonl by eval_key
+    add_run(done, results, se)
+    return "on file"
+
+
+def add_run(done, results, se):
+    """A run's record -> runs.jsonl, with its start evaluation se joined in (None: the report joins evals.jsonl
+    by eval_key later)."""
+    done["eval"]["start"] = se["summary"] if se else None
     done["commands"]["eval_start"] = se["command"] if se else None
     results.add("runs", done)
-    return "on file"
 
 
 def progress(job):
@@ -1010,23 +1017,19 @@ def salvage(args):
                     print(f"{src}: {job['job_id']}: on file")
                     continue
                 done = read_json(os.path.join(jobdir, "done.json"))
-                rows = read_jsonl(os.path.join(jobdir, "train", "metrics.jsonl"))
-                trained = sorted(r["update"] for r in rows) == list(range(1, job["config"]["updates"] + 1))
-                if done is None and job["kind"] == "run" and trained:
+                if done is None and job["kind"] == "run" and train_complete(job, need_weights=False):
                     done = job_record(job, st, os.path.join(jobdir, "train"), None)
                     done["eval"]["end_missing"] = (f"the machine went away in phase {st.get('phase')!r}, before the "
                                                    "end evaluation finished (learning.py --salvage)")
                 if done is None:
                     outcome = "failed" if st.get("phase") == "failed" else "lost"
                     results.add("attempts", attempt_record(job, outcome))
-                    print(f"{src}: {job['job_id']}: {outcome} ({len(rows)} of {job['config'].get('updates')} "
-                          f"updates), attempt on file")
+                    n = len(read_jsonl(os.path.join(jobdir, "train", "metrics.jsonl")))
+                    print(f"{src}: {job['job_id']}: {outcome} ({n} of {job['config'].get('updates')} updates), "
+                          "attempt on file")
                     continue
                 if job["kind"] == "run":
-                    se = results.evals.get(job["eval_key"])
-                    done["eval"]["start"] = se["summary"] if se else None
-                    done["commands"]["eval_start"] = se["command"] if se else None
-                    results.add("runs", done)
+                    add_run(done, results, results.evals.get(job["eval_key"]))
                 else:
                     results.add("evals", done)
                 outcome = "salvaged" if job["kind"] == "run" and done["eval"]["end"] is None else "ok"

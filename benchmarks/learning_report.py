@@ -219,7 +219,6 @@ def eval_value(summary, key, split="all"):
     return part.get(key)
 
 
-
 def code_label(code):
     """The commit a run's record names: the launcher's (SEED_CODE_COMMIT) where git's view of the copy is stale."""
     git = (code["commit"] or "?")[:10] + (" (dirty)" if code["dirty"] else "")
@@ -475,8 +474,9 @@ def write_report(results_dir, out, exclude=(), draw=True):
     for r in runs:
         groups.setdefault(r["group"], []).append(r)
     analyses = [analyze_group(rs) for _, rs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+    rel = os.path.relpath(results_dir, REPO)
     md = ["# Learning benchmark: SEED beside GRPO", "",
-          f"{len(runs)} run(s) from `{os.path.relpath(os.path.join(results_dir, 'runs.jsonl'), REPO)}` in {len(analyses)} group(s) (env + "
+          f"{len(runs)} run(s) from `{os.path.join(rel, 'runs.jsonl')}` in {len(analyses)} group(s) (env + "
           "settings + start; groups are never pooled with each other). Produced by `benchmarks/learning.py`; this "
           "file by `benchmarks/learning_report.py`.", "",
           "How to read it: every interval is a 95% Student-t interval over seeds (n - 1 degrees of freedom). "
@@ -486,7 +486,7 @@ def write_report(results_dir, out, exclude=(), draw=True):
           "separate, not corrected for looking at many updates. 'Update N minus update 1' compares different tasks "
           "(each update draws new ones; the same for both methods of a seed). The start of the held-out evaluation "
           "is one evaluation shared by all runs: its own sampling noise is not inside the end - start intervals.", ""]
-    report = {"results_dir": os.path.relpath(results_dir, REPO), "runs": len(runs), "groups": []}
+    report = {"results_dir": rel, "runs": len(runs), "groups": []}
     for g in analyses:
         figs = figures(g, out) if draw else []
         md += group_markdown(g, figs)
