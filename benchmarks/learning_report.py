@@ -280,7 +280,7 @@ def analyze_group(runs):
             for k, _ in EVAL_KEYS:
                 ends = {s: eval_value(r["eval"].get("end"), k, split) for s, r in by[m].items()}
                 st = ev["start"][k]
-                ev[m][k] = {"end": mean_ci(list(ends.values())),
+                ev[m][k] = {"end": mean_ci(list(ends.values())), "per_seed": ends,
                             "end_minus_start": mean_ci([v - st for v in ends.values() if v is not None])
                             if st is not None else mean_ci([])}
         if both:
@@ -391,10 +391,14 @@ def figures(g, out_dir):
             if c["mean"] is not None:
                 err = [[c["mean"] - c["lo"]], [c["hi"] - c["mean"]]] if c["lo"] is not None else None
                 ax.errorbar([i], [c["mean"]], yerr=err, fmt="o", color=colors.get(m), capsize=5)
+            seeds = [v for v in ev[m][key]["per_seed"].values() if v is not None]  # each run's own value
+            ax.plot([i + 0.12] * len(seeds), seeds, "x", color=colors.get(m), ms=5, alpha=0.7)
         ax.set_xticks(xs, names)
+        ax.set_ylim(-5, 105)  # percentages; a 3-seed t-interval can pass 0 or 100 (the tables keep its numbers)
         ax.set_title(f"held-out {label}", fontsize=10)
         ax.grid(alpha=0.3)
-    fig.suptitle("Held-out evaluation, plain prompt: the start and the end policies (95% t-interval over seeds)")
+    fig.suptitle("Held-out evaluation, plain prompt: the start and the end policies (mean and 95% t-interval over seeds; "
+                 "x: each run; on [0, 100])")
     fig.tight_layout()
     files.append(f"{g['group']}_eval.png")
     fig.savefig(os.path.join(out_dir, files[-1]), dpi=110)

@@ -136,6 +136,7 @@ def test_report_pools_by_group_and_pairs_by_seed(report):
     # SEED end - start: [-40, -30, -35]: mean -35, sd 5, half-width 4.302653 * 5 / sqrt(3) = 12.42068
     es = ev["seed"]["invalid"]["end_minus_start"]
     assert es["mean"] == pytest.approx(-35.0) and es["lo"] == pytest.approx(-47.42068, abs=1e-4)
+    assert ev["seed"]["invalid"]["per_seed"] == {0: 40.0, 1: 50.0, 2: 45.0}  # each run's end value (the figure's x)
     # SEED - GRPO at the end: [-20, -20, -17]: mean -19, sd sqrt(3), half-width 4.302653
     sg = ev["seed_minus_grpo"]["invalid"]
     assert (sg["lo"], sg["hi"]) == (pytest.approx(-23.302653, abs=1e-5), pytest.approx(-14.697347, abs=1e-5))
