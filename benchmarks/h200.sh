@@ -49,12 +49,14 @@
 #                   (e.g. --dry-run)
 #   ENV=search      Search on the hotpot questions ($SEARCH_DATA): the retriever starts in its own process
 #                   session on 127.0.0.1:8000 (kept for the next call), the held-out questions are the val split
-# Sizing, measured in the fifth and sixth sessions (results/h200-2026-12-03-s5, -s6): alone, at 15 steps of 2 x 8
-# episodes, SEED 18-22 s and GRPO 15-17.5 s per update, start-up ~100 s (vLLM compiles on a fresh machine), end
-# evaluation ~95 s. Side by side, per update: LANES=3 SEED 35-38 s, GRPO 24-27 s; LANES=2 (two SEED runs) SEED
-# 42-44 s; a SEED run's training 607-609 s at LANES=2, device peak 82 GiB (LANES=3: 122.8 of 140 GiB). Two end
-# evaluations side by side were still running after 147 s. So a SEED run is ~14 minutes side by side: a wave of
-# runs spans two calls, and the last call must leave ~4 minutes after training for the end evaluations. If the
+# Sizing, measured in the fifth to seventh sessions (results/h200-2026-12-03-s5, -s6, results/h200-2026-12-04-s7):
+# alone, at 15 steps of 2 x 8 episodes, SEED 18-22 s and GRPO 15-17.5 s per update, start-up ~100 s (vLLM
+# compiles on a fresh machine), end evaluation ~95 s. Side by side, per update: LANES=3 SEED 35-40 s, GRPO
+# 24-32 s; LANES=2 (two SEED runs) SEED 42-44 s; a SEED run's training 607-609 s at LANES=2, device peak 82 GiB
+# (LANES=3: 123.0 of 140 GiB). End evaluations 94-147 s each. So a SEED run is ~14 minutes side by side: a wave
+# of runs spans two calls, and the last call must leave ~4 minutes after training for the end evaluations. The
+# queue runs in the order of SEEDS, then METHODS: put the runs you need most first. Five runs at LANES=3 took
+# three calls (seventh session: 428 + 531 + 367 s of the driver). If the
 # machine goes away first, `python benchmarks/learning.py --salvage <files_at>/L.tar.gz` records what came back
 # (a run whose training finished, without its end evaluation). Put SEED_CODE_COMMIT=<the commit you send> in the
 # command: the device copy's .git can be stale, and the records keep what you name beside what git says.
