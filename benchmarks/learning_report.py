@@ -285,8 +285,7 @@ def analyze_group(runs):
                             if st is not None else mean_ci([])}
         if both:
             for k, _ in EVAL_KEYS:
-                _, d = paired({s: eval_value(r["eval"].get("end"), k, split) for s, r in by["seed"].items()},
-                              {s: eval_value(r["eval"].get("end"), k, split) for s, r in by["grpo"].items()})
+                _, d = paired(ev["seed"][k]["per_seed"], ev["grpo"][k]["per_seed"])
                 ev.setdefault("seed_minus_grpo", {})[k] = mean_ci(d)
         out["eval"][split] = ev
     ev = out["eval"]["all"]
