@@ -77,8 +77,11 @@ p.add_argument("--env", default=None, choices=list(ENVS), help="default: the env
                "analysis prompt describes that env); given, every trajectory must be of this env")
 p.add_argument("--trajectories", nargs="+", help="collect.py output file(s)")
 p.add_argument("--out", help="annotation JSONL (append-only)")
-p.add_argument("--analyzer", default="openai", choices=["openai", "local"], help="openai: an OpenAI-compatible endpoint "
-               "(--base-url); local: a model run here through the project's backends (--backend)")
+p.add_argument("--analyzer", default="openai", choices=["openai", "local", "scripted"], help="openai: an OpenAI-"
+               "compatible endpoint (--base-url); local: a model run here through the project's backends (--backend); "
+               "scripted: no model, a rule-based stand-in (envs/backends.py ScriptedAnalyzer: a success -> the action "
+               "order that worked, a failure -> a fixed avoidance rule; --model names only the tokenizer, e.g. tiny), "
+               "for CPU demos and the behaviour-cloning warm start's skill examples")
 p.add_argument("--model", help="endpoint model name | local HF path or hub id | tiny")
 p.add_argument("--base-url", help="OpenAI-compatible base URL, e.g. http://host:8000/v1 (POST <base>/chat/completions)")
 p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="name of the environment variable holding the key")
@@ -252,7 +255,8 @@ if again:
 
 spec = {"analyzer": args.analyzer, "model": args.model, "temperature": args.temperature,
         "max_new_tokens": args.max_new_tokens}
-spec.update({"base_url": args.base_url} if args.analyzer == "openai" else {"backend": args.backend})
+spec.update({"base_url": args.base_url} if args.analyzer == "openai" else
+            {"backend": "scripted" if args.analyzer == "scripted" else args.backend})
 
 # ---------------------------------------------------------------------------------------------------
 # One record per trajectory (shared by both analyzers)
@@ -433,7 +437,7 @@ def annotate_local(batch, backend, tokenizer):
         live = [i for i in live if records[i] is None]
         t0 = time.perf_counter()
         gens = backend.generate([ids[i] for i in live], max_new_tokens=args.max_new_tokens,
-                                temperature=args.temperature) if live else []
+                                temperature=args.temperature, contexts=[batch[i] for i in live]) if live else []
         dt = round(time.perf_counter() - t0, 3)  # one batched call: its wall time, shared by the batch
         for i, g in zip(live, gens):
             parsed, reason = parse_analysis(g.text)
@@ -452,7 +456,12 @@ def annotate_local(batch, backend, tokenizer):
 # Run: load the local analyzer (if any), write the manifest, then skipped episodes first and the
 # analyzer's answers; each record is appended as soon as it is final
 tokenizer = backend = None
-if args.analyzer == "local":
+if args.analyzer == "scripted":
+    from envs.backends import ScriptedAnalyzer
+    from envs.models import load_tokenizer
+    tokenizer = load_tokenizer(args.model)
+    backend = ScriptedAnalyzer(tokenizer)
+elif args.analyzer == "local":
     import torch
     from envs.backends import HFBackend, VLLMBackend
     from envs.models import load_model, load_tokenizer
@@ -499,7 +508,7 @@ if args.analyzer == "openai" and todo:
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
-elif args.analyzer == "local" and todo:
+elif args.analyzer in ("local", "scripted") and todo:
     for b in range(0, len(todo), args.batch_size):
         for rec in annotate_local(todo[b:b + args.batch_size], backend, tokenizer):
             append_jsonl(out, rec)

@@ -255,6 +255,10 @@ def parse_args():
     g.add_argument("--lockstep", action="store_true", help="the old rollout schedule, for comparison: every "
                    "episode generates, then every env steps, turn after turn; analyses after the last episode "
                    "(benchmarks/rollout_async.py); same seeds, same episodes")
+    g.add_argument("--probe-action", default=None, metavar="ACTION",
+                   help="plumbing check, not a task: an episode's return is 1 when its first parsed action is ACTION "
+                        "(e.g. 'look' in ALFWorld), else 0; the env's reward is ignored. A working loop raises "
+                        "rollout/probe_rate within a few updates (use with --max-steps 1)")
     env.add_args(g)
     g = p.add_argument_group("models and engine")
     g.add_argument("--model", required=True, help="the Stage 1 SFT checkpoint (HF folder or hub id) | tiny")
@@ -431,6 +435,8 @@ def main():
             if ep["env_failure"]:
                 print(f"[rank {rank}] env failure: episode {ep['uid']} dropped from its group ({ep['env_failure']})")
         episodes = [ep for ep in episodes if not ep["env_failure"]]
+        if args.probe_action:  # the plumbing check's reward replaces the env's (what a working loop must learn)
+            probe_returns(episodes, args.probe_action)
         skills = [parse_skill(ep.get("analysis"), args) for ep in episodes]
         if on_gpu:  # device memory with the engine awake (its weights + KV cache) and the trainer resident
             mem["mem/device_used_gib_engine_awake"] = device_used_gib()
@@ -464,6 +470,8 @@ def main():
         # 4. Advantages: GRPO over the (surviving) episodes of each group, broadcast to every token
         rets, grps, lens = [ep["return"] for ep in episodes], [ep["group"] for ep in episodes], [len(ep["steps"]) for ep in episodes]
         adv = grpo_advantages(rets, grps, lens if args.adv_mode == "steps" else None, std_norm=args.adv_norm == "mean_std")
+        for ep, a in zip(episodes, adv):
+            ep["adv"] = a  # for the diagnostics (update_metrics: groups without task signal)
         for s in samples:
             s["adv"] = adv[s["ep"]]
 
@@ -522,9 +530,12 @@ def main():
         if rank == 0:
             g = lambda k: "-" if metrics[k] is None else f"{metrics[k]:.4g}"
             print0(f"update {update + 1}/{args.updates} | success {g('rollout/success_rate')} len "
-                   f"{g('rollout/episode_length')} invalid {g('rollout/invalid_rate')} | pg {g('loss/pg')} kl "
+                   f"{g('rollout/episode_length')} invalid {g('rollout/invalid_rate')} | no-signal groups "
+                   f"{g('adv/zero_var_group_share')} | pg {g('loss/pg')} kl "
                    f"{g('loss/kl')} opd {g('loss/opd')} gate {g('opd/gate_mean')} cover {g('opd/teacher_coverage')} "
-                   f"parse {g('skill/parse_rate')} | {tm['update']:.1f}s")
+                   f"parse {g('skill/parse_rate')} | {tm['update']:.1f}s"
+                   + (" | NO TASK SIGNAL: every group's returns are equal, so GRPO's advantage is 0 everywhere"
+                      if metrics["adv/zero_var_group_share"] == 1.0 else ""))
             dump_examples(examples_f, update, samples, episodes, skills, tokenizer, args.dump_examples)
         if args.save_every > 0 and ((update + 1) % args.save_every == 0 or update + 1 == args.updates):
             save_checkpoint(policy, optimizer, tokenizer, args, update + 1, metrics, rank)
@@ -604,6 +615,28 @@ def per_token(micro, sel):
                 mask=sel.float(), teacher_mask=dense(full("teacher_mask"), sel))
 
 
+def probe_returns(episodes, probe_action):
+    """The plumbing check's reward (--probe-action), in place of the env's: return 1 when the episode's first
+    parsed action is `probe_action` (case and surrounding blanks ignored), else 0; ep["probe_hit"] says which."""
+    for ep in episodes:
+        first = ep["steps"][0]["action"] if ep["steps"] else ""
+        ep["probe_hit"] = (first or "").strip().lower() == probe_action.strip().lower()
+        ep["return"] = float(ep["probe_hit"])
+
+
+def group_signal(eps):
+    """Why a curve can be flat. eps: one dict per episode with its GRPO group `gid`, return `ret` and advantage
+    `adv`. A group whose returns are all equal (all lost, or all won) has advantage 0 on every token: it teaches
+    the policy gradient nothing. Returns (share of such groups, mean |advantage| over the other groups' episodes,
+    None when there are none)."""
+    by_group = {}
+    for x in eps:
+        by_group.setdefault(x["gid"], []).append(x)
+    flat = {g for g, xs in by_group.items() if len(xs) < 2 or len({x["ret"] for x in xs}) == 1}
+    rest = [abs(x["adv"]) for g, xs in by_group.items() if g not in flat for x in xs]
+    return len(flat) / max(1, len(by_group)), (sum(rest) / len(rest) if rest else None)
+
+
 LOSS_SUMS = ["pg", "kl", "opd", "gate", "gate_active", "gap", "clipped", "ratio"]
 
 
@@ -617,10 +650,15 @@ def update_metrics(env, args, update, episodes, skills, samples, totals, grad_no
     light = [dict(group=ep.get("category"), success=ep["success"], score=ep.get("score", float(ep["success"])),
                   length=ep["length"], ret=ep["return"], invalid=sum(not s["valid"] for s in ep["steps"]),
                   inadmissible=sum(s.get("admissible_action") is False for s in ep["steps"]),
-                  steps=len(ep["steps"]), truncated=ep["truncated_responses"], skill=skills[e] is not None)
+                  steps=len(ep["steps"]), truncated=ep["truncated_responses"], skill=skills[e] is not None,
+                  gid=ep["group"], adv=ep.get("adv", 0.0), probe=ep.get("probe_hit"),
+                  resp_tokens=sum(len(s["response_ids"] or []) for s in ep["steps"]), env=env.episode_stats(ep))
              for e, ep in enumerate(episodes)]
+    # the sampled tokens' mean -log p under the pre-update policy: at temperature 1 an unbiased estimate of the
+    # per-token entropy (no full-vocabulary pass needed); a collapse towards 0 means the policy stopped exploring
+    nll = [float(-s["old_lp"].sum()) for s in samples], [len(s["response_ids"]) for s in samples]
     gathered = [None] * world
-    dist.all_gather_object(gathered, dict(eps=light, fails=failures, eng=eng, mem=mem))
+    dist.all_gather_object(gathered, dict(eps=light, fails=failures, eng=eng, mem=mem, nll=(sum(nll[0]), sum(nll[1]))))
     if dist.get_rank() != 0:
         return None
     use_opd = args.opd_coef > 0
@@ -630,6 +668,9 @@ def update_metrics(env, args, update, episodes, skills, samples, totals, grad_no
     tok, ttok = totals["tokens"] or 1, totals["teacher_tokens"]
     mean = lambda xs: sum(xs) / len(xs) if xs else None
     opd = lambda k: totals[k] / ttok if use_opd and ttok else None
+    zero_var_share, signal_adv = group_signal(eps)
+    env_keys = sorted({k for x in eps for k in x["env"]})
+    nll_sum, nll_n = sum(g["nll"][0] for g in gathered), sum(g["nll"][1] for g in gathered)
     metrics = {"update": update + 1, "time": time.time(), "lr": args.lr * min(1.0, (update + 1) / max(1, math.ceil(
                    args.warmup_ratio * args.updates))) if args.warmup_ratio else args.lr,
                "rollout/episodes": len(eps), "rollout/env_failures": sum(g["fails"] for g in gathered),
@@ -642,6 +683,12 @@ def update_metrics(env, args, update, episodes, skills, samples, totals, grad_no
                "rollout/invalid_rate": sum(x["invalid"] for x in eps) / n_steps,
                "rollout/inadmissible_rate": sum(x["inadmissible"] for x in eps) / n_steps,
                "rollout/truncated_rate": sum(x["truncated"] for x in eps) / n_steps,
+               "rollout/response_tokens_mean": sum(x["resp_tokens"] for x in eps) / n_steps,
+               "rollout/probe_rate": mean([x["probe"] for x in eps]) if args.probe_action else None,
+               "adv/zero_var_group_share": zero_var_share,
+               "adv/abs_mean_signal_groups": signal_adv,
+               "policy/entropy_mc": nll_sum / nll_n if nll_n else None,
+               **{f"env/{k}": mean([x["env"][k] for x in eps if x["env"].get(k) is not None]) for k in env_keys},
                "skill/parse_rate": mean([x["skill"] for x in eps]) if use_opd else None,
                "opd/teacher_coverage": ttok / tok if use_opd else None,
                "loss/pg": totals["pg"] / tok, "loss/kl": totals["kl"] / tok, "loss/opd": opd("opd"),

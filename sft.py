@@ -1,8 +1,14 @@
-"""Stage 1b: hindsight-skill SFT. The policy learns to be its own analyzer.
+"""Stage 1b: hindsight-skill SFT. The policy learns to be its own analyzer (and, optionally, to act).
 
 Each example is (the analysis prompt with one serialized trajectory, the analyzer's JSON answer), written by
 annotate.py. The loss is the NLL of the answer tokens and the closing <|im_end|> only (the prompt is masked),
 token-mean over each global batch. The result initializes Stage 2's actor, its analyzer and its KL reference.
+
+Behaviour cloning (--bc-data, NOT in the paper: a warm start for small models that never win on their own):
+every step of every won episode of a collect.py file becomes one more example, (the step's plain prompt exactly
+as the rollout built it, the response that episode took). With `collect.py --model expert` those are the
+game's stored walkthroughs in the agent's own <think>/<action> format. Mixed with annotate.py's examples, one
+SFT gives a start that acts and analyzes; both Stage 2 arms (SEED and GRPO) then start from it.
 
 The paper's settings (SPEC.md Stage 1, step 3) are the defaults: 3 epochs, lr 5e-6, max length 8,192 tokens
 (prompt + answer; longer examples are counted and skipped, never truncated), global batch 8 sequences, the 10%
@@ -17,9 +23,14 @@ validation split given by each record's `split` field. Not in the paper (verl's 
     # CPU demo: a tiny random Qwen2 with the real tokenizer; a high lr so the loss visibly falls in 9 steps
     python sft.py --model tiny --data runs/demo/skills.sft.jsonl --out runs/demo/sft --epochs 3 --batch-size 4 \\
         --lr 3e-2 --warmup-ratio 0 --max-length 4096
+    # behaviour-cloning warm start (not in the paper): the expert's won train episodes, plus the skill examples
+    python collect.py --env alfworld --model expert --split train --tasks 300 --rollouts 1 --out runs/bc/expert.jsonl
+    python sft.py --model Qwen/Qwen2.5-3B-Instruct --bc-data runs/bc/expert.jsonl --data runs/stage1/skills.sft.jsonl \\
+        --epochs 2 --lr 1e-5 --batch-size 32 --micro-batch 8 --out runs/bc/sft
 
-Input: one JSON line per example: {"id", "split": "train"|"val", "prompt": <user message>, "target": <JSON
-string>, ...ids tracing it back to its annotation and trajectory}.
+Input: --data, one JSON line per example: {"id", "split": "train"|"val", "prompt": <user message>, "target":
+<JSON string>, ...ids tracing it back to its annotation and trajectory}; --bc-data, collect.py's episode JSONL
+(examples `bc-<episode uid>-s<step>`, split by a hash of the episode uid: an episode's steps stay together).
 Output in --out: the final Hugging Face checkpoint (transformers and vLLM load the folder as is; Stage 2 takes
 `--model <out>`), epoch_<k>/ after each earlier epoch, metrics.jsonl (one line per step and per validation),
 seed_manifest.json, tokenized_preview.json (exactly which tokens carry loss), and trainer/ (model + optimizer
@@ -27,6 +38,7 @@ shards via torch.distributed.checkpoint, ~12 bytes per parameter: 36 GB for 3B; 
 a shared filesystem). A killed run continues from its last trainer checkpoint: rerun the same command.
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -44,20 +56,24 @@ from envs import HelpFormatter, add_env_arg, env_from_argv, load_env, require_po
 from envs.models import load_model, load_tokenizer
 from envs.records import (append_jsonl, args_diff, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
                           run_manifest, sha256_file, write_manifest)
+from envs.rollout import step_prompt
 from envs.training import (adamw_impl, init_distributed, latest_checkpoint, make_batch, packed_attention, print0,
                            response_select, save_checkpoint_dir, save_hf_checkpoint, shard_model)
 from prompts.chat import sft_example
 
 def data_env(argv):
-    """The env of the SFT data (annotate.py writes it into every example): --env if given, else the first
-    record's, so `sft.py --data ...` takes the right preset (max length 8,192 for ALFWorld, 12,288 otherwise)."""
+    """The env of the SFT data (annotate.py writes it into every example, collect.py into every episode): --env
+    if given, else the first record's, so `sft.py --data ...` takes the right preset (max length 8,192 for
+    ALFWorld, 12,288 otherwise)."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--env")
     pre.add_argument("--data")
+    pre.add_argument("--bc-data", nargs="+")
     known, _ = pre.parse_known_args(argv)
-    if known.env or not known.data or not os.path.isfile(known.data):
+    first_file = known.data or (known.bc_data or [None])[0]
+    if known.env or not first_file or not os.path.isfile(first_file):
         return env_from_argv(argv)
-    with open(known.data, encoding="utf-8") as f:
+    with open(first_file, encoding="utf-8") as f:
         first = f.readline()
     try:
         name = json.loads(first).get("env", "alfworld")  # examples written before envs had names: ALFWorld's
@@ -73,7 +89,12 @@ PAPER = dict(env=env.NAME, epochs=3, lr=5e-6, max_length=env.PRESET["sft_max_len
 p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
 add_env_arg(p, env)
 p.add_argument("--model", required=True, help="HF path or hub id | tiny")
-p.add_argument("--data", required=True, help="SFT JSONL written by annotate.py")
+p.add_argument("--data", default=None, help="SFT JSONL written by annotate.py (the skill examples)")
+p.add_argument("--bc-data", nargs="+", default=[], metavar="EPISODES",
+               help="collect.py episode JSONL file(s): every step of every won episode becomes a behaviour-cloning "
+                    "example (a warm start, not in the paper)")
+p.add_argument("--val-fraction", type=float, default=0.1, help="--bc-data: share of episodes held out for the "
+               "validation loss (annotate.py splits --data itself)")
 p.add_argument("--out", required=True, help="output folder (checkpoints, metrics, manifest)")
 p.add_argument("--epochs", type=int, default=PAPER["epochs"], help="passes over the train examples")
 p.add_argument("--lr", type=float, default=PAPER["lr"], help="peak AdamW learning rate")
@@ -111,9 +132,15 @@ print0(f"sft: world size {world}, device {device.type}\nconfig: {json.dumps(vars
 # ---------------------------------------------------------------------------------------------------
 # Resume: refuse other settings (envs/records.py: the flags that may change), then the last complete trainer
 # checkpoint in <out>/trainer (or trainer.old, if a kill hit the swap of the two)
-if not os.path.isfile(args.data):
-    sys.exit(f"--data {args.data}: no such file")
-data_sha256 = sha256_file(args.data)
+data_files = ([args.data] if args.data else []) + args.bc_data
+if not data_files:
+    sys.exit("sft.py needs --data (annotate.py's skill examples), --bc-data (collect.py episodes), or both")
+for path in data_files:
+    if not os.path.isfile(path):
+        sys.exit(f"{'--data' if path == args.data else '--bc-data'} {path}: no such file")
+# one file: its sha256, as before; several: the sha256 of their sha256s in order (the resume identity)
+data_sha256 = sha256_file(data_files[0]) if len(data_files) == 1 else hashlib.sha256(
+    " ".join(sha256_file(f) for f in data_files).encode()).hexdigest()
 manifest_path = os.path.join(args.out, "seed_manifest.json")
 old_manifest = check_resume(manifest_path, args, script="sft.py", out=args.out, identity={"data.sha256": data_sha256})
 CKPT = os.path.join(args.out, "trainer")
@@ -128,13 +155,38 @@ if resume is not None and resume["finished"]:
 
 # ---------------------------------------------------------------------------------------------------
 # Data: validate the records, tokenize exactly like the chat template, skip (and count) over-long examples
-records = read_jsonl(args.data)
+def bc_examples(path):
+    """Behaviour cloning: every step of every won episode of a collect.py file -> (the step's plain prompt,
+    rebuilt from the record exactly as the rollout built it, with the same history entries; the response taken).
+    Episodes that lost, or whose env broke, teach nothing to copy and are skipped."""
+    out, episodes = [], read_jsonl(path)
+    if episodes and not all(isinstance(e, dict) and "steps" in e and "uid" in e for e in episodes):
+        sys.exit(f"--bc-data {path}: not collect.py episodes (records need 'uid' and 'steps')")
+    for ep in episodes:
+        if not ep.get("success") or ep.get("env_failure"):
+            continue
+        h = hashlib.sha256(f"{args.seed}:{ep['uid']}".encode()).digest()
+        split = "val" if int.from_bytes(h[:8], "big") / 2 ** 64 < args.val_fraction else "train"
+        for t, st in enumerate(ep["steps"]):
+            if st.get("response"):
+                out.append(dict(id=f"bc-{ep['uid']}-s{t + 1}", split=split, prompt=step_prompt(ep, t, st["history_used"]),
+                                target=st["response"], trajectory_uid=ep["uid"], trajectory_file=os.path.abspath(path)))
+    print0(f"--bc-data {path}: {len(out)} step examples from {sum(bool(e.get('success')) for e in episodes)} won "
+           f"of {len(episodes)} episodes")
+    return out
+
+
+records = read_jsonl(args.data) if args.data else []
 bad = [(n, r.get("id") if isinstance(r, dict) else None) for n, r in enumerate(records, 1)
        if not isinstance(r, dict) or r.get("split") not in ("train", "val")
        or not all(isinstance(r.get(k), str) and r.get(k) for k in ("id", "prompt", "target"))]
 if bad:
     sys.exit(f"{args.data}: {len(bad)} records lack a string id/prompt/target or a split in (train, val); "
              f"first (record number, id): {bad[:5]}")
+for path in args.bc_data:
+    records += bc_examples(path)
+if not records:
+    sys.exit(f"no examples in {', '.join(data_files)}")
 tokenizer = load_tokenizer(args.model)
 
 
@@ -164,9 +216,9 @@ for s in ("train", "val"):
                f"(longest {max(len(e['ids']) for e in too_long[s])} tokens; "
                f"first ids: {[e['id'] for e in too_long[s][:3]]})")
 if not train:
-    sys.exit(f"{args.data}: no train example fits in --max-length {args.max_length}")
+    sys.exit(f"{', '.join(data_files)}: no train example fits in --max-length {args.max_length}")
 n_tgt = sum(e["r_len"] for e in train)
-print0(f"data: {len(records)} records in {args.data}: train {len(train)}, val {len(val)} "
+print0(f"data: {len(records)} records in {', '.join(data_files)}: train {len(train)}, val {len(val)} "
        f"({100 * len(val) / max(1, len(train) + len(val)):.1f}% val), over-long skipped: "
        f"train {len(too_long['train'])}, val {len(too_long['val'])}; train tokens {sum(len(e['ids']) for e in train)} "
        f"of which {n_tgt} carry loss (mean target {n_tgt / len(train):.0f} tokens)")
@@ -250,7 +302,8 @@ if rank == 0:
     val_history = {str(r["epoch"]): r["val_loss"] for r in keep if r["kind"] == "val"}
 
 manifest = run_manifest("sft.py", args, paper=PAPER, model=args.model, tokenizer=tokenizer, seeds={"seed": args.seed},
-                        extra={"data": {"path": os.path.abspath(args.data), "sha256": data_sha256,
+                        extra={"data": {"path": os.path.abspath(args.data) if args.data else None,
+                                        "bc_data": [os.path.abspath(f) for f in args.bc_data], "sha256": data_sha256,
                                         "records": len(records), "train": len(train), "val": len(val),
                                         "skipped_too_long": {s: len(v) for s, v in too_long.items()},
                                         "skipped_ids": {s: [e["id"] for e in v] for s, v in too_long.items()}},

@@ -28,6 +28,8 @@ A reader compares two envs side by side; a new env is one more module with these
   action_to_execute(text, action, fallback=None)  what the env runs for a step
   reward(state, valid, invalid_penalty)  the step reward
   expert_response(episode)               a scripted expert's next response (CPU demos and tests)
+  episode_stats(episode)                 the env's own diagnostics of a played episode ({name: number};
+                                         seed_rl.py logs their means as env/<name>); may be {}
   data_manifest(args)                     the preset's data: counts and sha256 of the task lists
 """
 import argparse

@@ -331,11 +331,19 @@ def _plan(game_file):
 
 
 def expert_response(episode):
-    """The next command of the game's stored walkthrough, in the agent's <think>/<action> format."""
+    """The next command of the game's stored walkthrough, in the agent's <think>/<action> format. The thought
+    names only what the agent can see (the task and the action), never the plan's length or position, so the
+    episodes can be behaviour-cloned (sft.py --bc-data) without teaching the policy to cite a plan it lacks."""
     plan, t = _plan(episode["game_file"]), len(episode["steps"])
     action = plan[t] if t < len(plan) else "look"
-    return (f"<think>Following the expert plan: step {t + 1} of {len(plan)} is '{action}'.</think>\n"
-            f"<action>{action}</action>")
+    task = (episode.get("task") or "finish the task").rstrip(".")
+    return f"<think>To {task}, my next step is: {action}.</think>\n<action>{action}</action>"
+
+
+def episode_stats(episode):
+    """ALFWorld's diagnostics are generic ones (success per task type, inadmissible share: seed_rl.py logs them
+    for every env), so none of its own."""
+    return {}
 
 
 def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):

@@ -520,6 +520,21 @@ def build_prompt(task, observation, admissible, step, history, skill=None):
 # ----------------------------------------------------------------------------------------------------
 # The scripted expert (CPU demos and tests)
 
+def episode_stats(episode):
+    """Why EM moves, or does not: searches made, whether any retrieved passage held a gold answer (the
+    retriever gave the policy what it needed), whether it answered at all, and the answer's length in words.
+    A policy that stops searching and answers from memory shows as searches -> 0."""
+    steps = episode.get("steps", [])
+    kinds = [split_action(s.get("executed")) for s in steps]
+    golds = [normalize_answer(g) for g in episode.get("golden_answers", []) if normalize_answer(g)]
+    infos = [normalize_answer(s.get("feedback") or "") for s, (k, _) in zip(steps, kinds) if k == "search"]
+    answers = [a for k, a in kinds if k == "answer"]
+    return {"searches": sum(k == "search" for k, _ in kinds),
+            "gold_retrieved": float(any(f" {g} " in f" {i} " for g in golds for i in infos)),  # whole words
+            "answered": float(bool(answers)),
+            "answer_words": len(answers[-1].split()) if answers else None}
+
+
 def expert_response(episode):
     """First turn: search the question itself; then: answer with the first gold answer, saying which
     retrieved passage (if any) contains it. On the last allowed turn it answers at once."""

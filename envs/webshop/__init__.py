@@ -299,6 +299,13 @@ def expert_action(episode):
     return "click[back to search]"
 
 
+def episode_stats(episode):
+    """Searches made and clicks on the way to a purchase (an episode that never clicks 'buy now' scores 0)."""
+    executed = [str(s.get("executed") or "") for s in episode.get("steps", [])]
+    return {"searches": sum(a.startswith("search[") for a in executed),
+            "clicks": sum(a.startswith("click[") for a in executed)}
+
+
 def expert_response(episode):
     """The expert's response text, in the agent's <think>/<action> format."""
     action = expert_action(episode)
