@@ -43,6 +43,9 @@
 #                   DETACH=0: only jobs that the estimates say end before the deadline are started, and what
 #                   has not ended by then is killed (no record; attempts.jsonl says so)
 #   START=sft       start from $RUN/sft (made here first from $SFT_DATA if missing, ~80 s) instead of the base
+#   START=bc        start from $RUN/bc, made here first if missing: sft.py --bc-data $BC_DATA --data $BC_SKILLS
+#                   (the behaviour-cloning warm start shared by both arms; .xz files are unpacked); PROBE=1
+#                   runs the plumbing check (seed_rl.py --probe-action look, base model) beside that SFT
 #   UPDATES TASKS STEPS LR: unset, learning.py's preset for the env (ALFWorld: 10 updates of 2 x 8, 15 steps,
 #                   lr 1e-5; Search: 10 of 8 x 8, 4 turns); EVAL_LIMIT (12 games per split; Search: 100, the whole val
 #                   split); PACKING=off|auto|... (seed_rl.py --packing); LEARN_ARGS: more learning.py flags
@@ -176,6 +179,31 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
     [ -f "$RUN/sft/config.json" ] || sft 150 "${SFT_DATA:-results/h200-2026-12-03/stage1/skills.sft.jsonl}"
     START_MODEL=$RUN/sft
   fi
+  if [ "${START:-base}" = bc ] && [ ! -f "$RUN/bc/config.json" ]; then
+    # the shared warm start (not in the paper): behaviour cloning on the expert's won train episodes
+    # ($BC_DATA, collect.py --model expert) + the scripted analyzer's skill examples ($BC_SKILLS), one SFT
+    # from the base model; meanwhile the plumbing check (PROBE=1) trains the base model on --probe-action
+    for f in ${BC_DATA:-} ${BC_SKILLS:-}; do case $f in *.xz) xz -dkf "$f" ;; esac; done
+    if [ "${PROBE:-0}" = 1 ]; then
+      mkdir -p "$RUN/probe"
+      $TORCHRUN seed_rl.py --env alfworld --model "$M" --opd-coef 0 --probe-action look \
+          --max-steps 1 --updates ${PROBE_UPDATES:-10} --tasks-per-update 8 --group-size 8 --lr 1e-5 --workers 4 \
+          --gpu-memory-utilization 0.15 --save-every 0 --dump-examples 0 --out "$RUN/probe" \
+          > "$RUN/logs/probe.log" 2>&1 &
+      PROBE_PID=$!
+      # vLLM sizes its KV cache from the free memory it sees while it profiles, and fails if another process
+      # allocates meanwhile (learning.py's gate): the SFT starts once the probe's engine is up
+      for i in $(seq 150); do grep -q "init engine (" "$RUN/logs/probe.log" 2>/dev/null && break; sleep 1; done
+    fi
+    step bc_sft 420 $TORCHRUN sft.py --env alfworld --model "$M" --bc-data "${BC_DATA%.xz}" \
+        ${BC_SKILLS:+--data "${BC_SKILLS%.xz}"} --out "$RUN/bc" --epochs ${BC_EPOCHS:-2} --lr ${BC_LR:-1e-5} \
+        --batch-size 32 --micro-batch 8 --save-every 10000 --save-dtype bfloat16
+    [ -n "${PROBE_PID:-}" ] && wait "$PROBE_PID"
+    # one tarball (the device returns at most 8 files): the SFT's and the probe's metrics, manifests, logs
+    (cd "$RUN" && tar -czf "$OUT/BC.tar.gz" $(ls bc/metrics.jsonl bc/seed_manifest.json probe/metrics.jsonl \
+        probe/seed_manifest.json logs/probe.log logs/bc_sft.log 2>/dev/null))
+  fi
+  [ "${START:-base}" = bc ] && START_MODEL=$RUN/bc
   ENV_ARGS=()
   if [ "${ENV:-alfworld}" = search ]; then  # the retriever outlives this call: the detached jobs need it next call
     retriever setsid

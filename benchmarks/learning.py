@@ -103,6 +103,11 @@ UPDATE_KEYS = {
     "time": "time/update", "time_generate": "time/generate", "time_env": "time/env", "time_analysis": "time/analysis",
     "time_scoring": "time/scoring", "time_train": "time/train", "time_sync": "time/sync",
     "mem_engine_awake_gib": "mem/device_used_gib_engine_awake", "mem_trainer_peak_gib": "mem/trainer_peak_gib",
+    # why a curve is flat (seed_rl.py update_metrics): groups without task signal, the policy's exploration
+    "zero_var_groups": "adv/zero_var_group_share", "abs_adv": "adv/abs_mean_signal_groups",
+    "entropy": "policy/entropy_mc", "response_tokens": "rollout/response_tokens_mean", "clipfrac": "pg/clipfrac",
+    "probe": "rollout/probe_rate", "searches": "env/searches", "gold_retrieved": "env/gold_retrieved",
+    "answer_words": "env/answer_words",
 }
 # Time model for planning under a deadline (seconds), until runs of the same group are on file. Alone (fifth
 # session, results/h200-2026-12-03-s5), at 15 steps of 2 x 8 episodes: SEED 18-22 s and GRPO 15-17.5 s per update,
@@ -232,7 +237,8 @@ def parse_args(argv=None):
     g.add_argument("--env-args", default="", help="env flags for seed_rl.py and evaluate.py, one string "
                    "(--env-args='--retriever-url URL')")
     g = p.add_argument_group("evaluation of the start and end policies (plain prompt, held-out tasks)")
-    g.add_argument("--eval-limit", type=int, default=12, help="evaluate.py --limit: tasks per split")
+    g.add_argument("--eval-limit", type=int, default=12, help="evaluate.py --limit: tasks per split (0: all of "
+                   "them, e.g. ALFWorld's 140 + 134 valid games)")
     g.add_argument("--eval-splits", default=None, help="evaluate.py --splits (default: ALFWorld valid_seen,"
                    "valid_unseen; Search val)")
     g.add_argument("--eval-seed", type=int, default=0, help="evaluate.py --seed: the same tasks for every run")
@@ -355,7 +361,8 @@ def eval_command(args, cfg, model, out, workers):
     util = args.gpu_util_eval or (0.3 if args.lanes == 1 else 0.15)
     backend = args.backend if args.backend != "auto" else (
         "vllm" if on_gpu_machine() and _has_module("vllm") else "hf")
-    cmd = [args.python, args.evaluate_script, "--env", cfg["env"], "--model", model, "--limit", str(e["limit"]),
+    cmd = [args.python, args.evaluate_script, "--env", cfg["env"], "--model", model,
+           *(["--limit", str(e["limit"])] if e["limit"] else []),  # 0: every task of the splits
            "--seed", str(e["seed"]), "--max-steps", str(e["max_steps"]), "--workers", str(workers),
            "--backend", backend, "--out", out]
     if backend == "vllm":
@@ -604,6 +611,13 @@ def eval_summary(results_path):
                             "per_group": {c: v["mean"] for c, v in sp.items() if c not in ("All", "Avg")}}
     n = sum(v["episodes"] for v in out["splits"].values())
     out["all"] = {"episodes": n}
+    # per task: its episodes' success (0/1, one per sample), so that two policies evaluated on the same tasks
+    # are compared task by task (learning_report.py's paired bootstrap)
+    per_task = {}
+    for ep in read_jsonl(os.path.join(os.path.dirname(results_path), "trajectories.jsonl")):
+        if not ep.get("env_failure"):
+            per_task.setdefault(ep["task_id"], []).append(int(bool(ep["success"])))
+    out["per_task"] = per_task
     for k in keys:
         vals = [(v[k], v["episodes"]) for v in out["splits"].values() if v[k] is not None]
         w = sum(e for _, e in vals)
@@ -620,6 +634,8 @@ def update_rows(metrics_path):
         for short, key in UPDATE_KEYS.items():
             v = r.get(key)
             row[short] = round(v, 6) if isinstance(v, float) else v
+        row["success_by_group"] = {k.split("/", 2)[2]: v for k, v in r.items()
+                                   if k.startswith("rollout/success/") and v is not None}
         out.append(row)
     return out
 

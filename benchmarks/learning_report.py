@@ -112,6 +112,48 @@ def paired(a, b):
     return seeds, [a[s] - b[s] for s in seeds]
 
 
+def task_means(per_task):
+    """{task_id: [0/1 per sample]} -> {task_id: mean success}."""
+    return {t: sum(v) / len(v) for t, v in (per_task or {}).items() if v}
+
+
+def paired_bootstrap(a, b, n_boot=10_000, level=LEVEL, seed=0):
+    """a, b: {task_id: value} (e.g. mean success of a policy on that held-out task). The tasks both hold, the
+    mean of b - a over them (in %), and a percentile bootstrap interval that resamples the tasks with
+    replacement: the two policies are compared on the same items, so task difficulty cancels. The interval
+    covers the sampling of tasks and of episodes, not the variation between training runs (the seed intervals
+    elsewhere cover that). Returns {n, mean, sd, lo, hi} like mean_ci (sd: of the per-task differences)."""
+    import numpy as np
+    tasks = sorted(t for t in a if t in b)
+    if len(tasks) < 2:
+        return {"n": len(tasks), "mean": None, "sd": None, "lo": None, "hi": None}
+    d = 100.0 * (np.array([b[t] for t in tasks]) - np.array([a[t] for t in tasks]))
+    idx = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))
+    boots = d[idx].mean(axis=1)
+    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
+    return {"n": len(tasks), "mean": float(d.mean()), "sd": float(d.std(ddof=1)), "lo": float(lo), "hi": float(hi)}
+
+
+def pooled_task_means(runs):
+    """Per held-out task, the end policies' success averaged over runs (seeds) that evaluated it."""
+    acc = {}
+    for r in runs:
+        for t, v in task_means((r["eval"].get("end") or {}).get("per_task")).items():
+            acc.setdefault(t, []).append(v)
+    return {t: sum(v) / len(v) for t, v in acc.items()}
+
+
+def task_statement(label, ci):
+    """The plain statement about a paired-by-task difference (percentage points), same rule as the others."""
+    if ci["mean"] is None:
+        return f"{label}: fewer than 2 shared held-out tasks on file, nothing can be said."
+    rng = f"{fmt(ci['mean'])} points, 95% bootstrap interval {fmt(ci['lo'])} to {fmt(ci['hi'])}, {ci['n']} tasks"
+    s = side(ci)
+    if s == "includes 0":
+        return f"{label}: the interval includes 0 ({rng}): no difference shown."
+    return f"{label}: {'higher' if s == 'above' else 'lower'} ({rng})."
+
+
 def side(ci):
     """Where an interval lies: 'above' 0, 'below' 0, 'includes 0', or None (no interval)."""
     if ci["lo"] is None:
@@ -288,6 +330,22 @@ def analyze_group(runs):
                 _, d = paired(ev["seed"][k]["per_seed"], ev["grpo"][k]["per_seed"])
                 ev.setdefault("seed_minus_grpo", {})[k] = mean_ci(d)
         out["eval"][split] = ev
+    # ---- held-out success paired by task (the same games/questions for the start and every end policy):
+    # end (averaged over seeds) - start per method, and SEED - GRPO over the matched seeds
+    start_tasks = task_means(starts[0].get("per_task")) if starts else {}
+    out["paired_tasks"] = {}
+    for m in (methods if start_tasks else []):  # records from before per-task outcomes were kept: none
+        ci = paired_bootstrap(start_tasks, pooled_task_means(by[m].values()))
+        out["paired_tasks"][f"{m}_end_minus_start"] = ci
+        out["statements"].append(task_statement(f"{LABEL.get(m, m)}, held-out success of the end policies (mean "
+                                                f"over {len(by[m])} seeds) minus the start, paired by task", ci))
+    if both and start_tasks:
+        matched = [s for s in by["seed"] if s in by["grpo"]]
+        ci = paired_bootstrap(pooled_task_means([by["grpo"][s] for s in matched]),
+                              pooled_task_means([by["seed"][s] for s in matched]))
+        out["paired_tasks"]["seed_minus_grpo"] = ci
+        out["statements"].append(task_statement(f"held-out success, SEED - GRPO end policies (mean over "
+                                                f"{len(matched)} matched seeds), paired by task", ci))
     ev = out["eval"]["all"]
     # runs whose end evaluation never came (learning.py --salvage): in the training curves only
     out["no_end_eval"] = {r["run_id"]: r["eval"].get("end_missing", "?") for r in runs if not r["eval"].get("end")}
@@ -458,6 +516,10 @@ def group_markdown(g, figs):
                 row.append(fmt_ci(ev["seed_minus_grpo"][k]))
             md.append(f"| {label} | " + " | ".join(row) + " |")
         md.append("")
+    if any(ci["mean"] is not None for ci in g.get("paired_tasks", {}).values()):
+        md += ["**held-out success paired by task (percentage points; percentile bootstrap over tasks)**", "",
+               "| comparison | mean [95% interval] (n tasks) |", "|---|---|"]
+        md += [f"| {k.replace('_', ' ')} | {fmt_ci(ci)} |" for k, ci in g["paired_tasks"].items()] + [""]
     md += ["### Cost", "", "| method | runs | lanes | s per update (median per run) | train wall s | eval wall s | "
            "stopped by the gate s | device peak GiB | episodes per minute of training |", "|---" * 9 + "|"]
     for m in g["methods"]:

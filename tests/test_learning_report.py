@@ -189,3 +189,19 @@ def test_a_run_without_its_end_evaluation_counts_in_the_curves_only(tmp_path):
     lost_all = [dict(r, eval={"start": START, "end": None}) for r in runs if r["method"] == "seed"]
     stmt = lr.analyze_group(lost_all)["statements"]
     assert any("held-out invalid %" in s and "no end evaluation on file (3 run(s) without one)" in s for s in stmt)
+
+
+def test_paired_bootstrap_by_task_hand_values():
+    paired_bootstrap, task_means, task_statement = lr.paired_bootstrap, lr.task_means, lr.task_statement
+    start = task_means({"a": [0], "b": [0], "c": [1], "d": [0], "only_start": [1]})
+    end = task_means({"a": [1, 1], "b": [1, 0], "c": [1, 1], "d": [0, 0]})  # 2 samples per task
+    ci = paired_bootstrap(start, end)
+    # differences in points: a +100, b +50, c 0, d 0 -> mean 37.5 over the 4 shared tasks
+    assert ci["n"] == 4 and abs(ci["mean"] - 37.5) < 1e-9
+    assert 0.0 <= ci["lo"] < 37.5 < ci["hi"] <= 100.0
+    # every task moved by the same amount: the interval is that point
+    same = paired_bootstrap({"a": 0.0, "b": 0.5}, {"a": 0.25, "b": 0.75})
+    assert (same["mean"], same["lo"], same["hi"]) == (25.0, 25.0, 25.0)
+    assert "higher" in task_statement("x", same)
+    assert paired_bootstrap({"a": 0.0}, {"a": 1.0})["mean"] is None  # one shared task: no interval
+    assert "nothing can be said" in task_statement("x", paired_bootstrap({"a": 0.0}, {"a": 1.0}))
