@@ -135,13 +135,153 @@ def test_both_request_shapes_and_topk(small_server):
 
 @pytest.mark.parametrize("body, message", [
     ({}, "missing 'query'"), ({"topk": 3}, "missing 'query'"), ({"query": ""}, "empty query"),
-    ({"query": "   "}, "empty query"), ({"query": None}, "empty query"), ({"queries": []}, "non-empty list"),
+    ({"query": "   "}, "empty query"), ({"query": None}, "'query' must be a string, got null"),
+    ({"queries": []}, "non-empty list"),
     ({"queries": "Quaxor"}, "non-empty list"), ({"queries": ["Quaxor", " "]}, "query 1 is empty"),
     ({"query": "Quaxor", "topk": 0}, "'topk'"), ({"query": "Quaxor", "topk": "3"}, "'topk'"),
     ("not json", "not JSON"), ("[1, 2]", "JSON object")])
 def test_bad_requests_get_400_with_a_json_error(small_server, body, message):
     code, r = post(small_server, body)
     assert code == 400 and message in r["error"]
+
+
+@pytest.mark.parametrize("body, message", [
+    # each names the field at fault; JSON types are not coerced (a string "false" would read as true)
+    ({"query": "Quaxor", "return_scores": "false"}, "'return_scores' must be true or false, got a string"),
+    ({"query": "Quaxor", "return_scores": 0}, "'return_scores' must be true or false, got a number"),
+    ({"query": ["a", "b"]}, "'query' must be a string, got a list (several queries go in 'queries')"),
+    ({"query": 7}, "'query' must be a string, got a number"),
+    ({"queries": ["Quaxor", 3]}, "'queries'[1] must be a string, got a number"),
+    ({"queries": [["Quaxor"]]}, "'queries'[0] must be a string, got a list"),
+    ({"query": "Quaxor", "top_k": 2}, "unknown field(s) 'top_k'"),
+    ({"query": "Quaxor", "queries": ["Quaxor"]}, "not both"),
+    ({"query": "Quaxor", "topk": 2.0}, "'topk' must be a positive integer, got 2.0"),
+    ({"query": "Quaxor", "topk": True}, "'topk' must be a positive integer, got True")])
+def test_every_field_is_strict_and_named(small_server, body, message):
+    code, r = post(small_server, body)
+    assert code == 400 and message in r["error"], r
+
+
+def test_null_fields_take_the_defaults(small_server):
+    code, r = post(small_server, {"query": "Quaxor moon zorblat Velmira cheese", "topk": None, "return_scores": None})
+    assert code == 200 and len(r["result"][0]) == 3 and "score" not in r["result"][0][0]
+
+
+def raw(url, data, read=True):
+    """Send raw bytes to the server of `url`; (status, headers, body) of the answer (or None without read)."""
+    import socket
+    host, port = re.match(r"http://([^:/]+):(\d+)", url).groups()
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(data)
+        if not read:
+            return None
+        buf = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            head, sep, body = buf.partition(b"\r\n\r\n")
+            m = re.search(rb"Content-Length: (\d+)", head)
+            if sep and m and len(body) >= int(m.group(1)):
+                break
+    if not buf.startswith(b"HTTP/"):  # an HTTP/0.9-style answer (no version in the request line): body only
+        return None, {}, buf
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, body
+
+
+@pytest.mark.parametrize("method, path, code, message", [
+    ("PUT", "/retrieve", 405, "method PUT is not allowed on /retrieve; use GET, POST"),
+    ("DELETE", "/retrieve", 405, "method DELETE is not allowed"), ("PATCH", "/health", 405, "method PATCH"),
+    ("OPTIONS", "/retrieve", 405, "method OPTIONS"), ("GET", "/retrieve", 405, "use POST"),
+    ("POST", "/health", 405, "use GET"), ("BREW", "/retrieve", 501, "method BREW is not an HTTP method"),
+    ("GET", "/nope", 404, "no such path /nope"), ("POST", "/retrieve?topk=2", 400, "query-string parameters"),
+    ("POST", "/retrieve/", 200, None), ("GET", "/health?probe=1", 200, None)])
+def test_every_method_and_path_answers_json(small_server, method, path, code, message):
+    body = json.dumps({"query": "Quaxor"}).encode()
+    status, headers, data = raw(small_server, f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
+                                              f"\r\nConnection: close\r\n\r\n".encode() + body)
+    assert status == code and headers["Content-Type"].startswith("application/json")
+    answer = json.loads(data)
+    if message:
+        assert message in answer["error"]
+    if code == 405:
+        assert headers["Allow"] in ("GET, POST", "POST", "GET")
+
+
+def test_stdlib_errors_are_json_too(small_server):
+    status, headers, data = raw(small_server, b"GARBAGE\r\n\r\n")  # no version: the stdlib answers 0.9-style
+    assert "Bad request" in json.loads(data)["error"]
+    many = "".join(f"X-{i}: y\r\n" for i in range(120))
+    status, headers, data = raw(small_server, f"GET /health HTTP/1.1\r\n{many}\r\n".encode())
+    assert status == 431 and headers["Content-Type"].startswith("application/json") and json.loads(data)["error"]
+    status, _, data = raw(small_server, b"HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status == 405 and data == b""  # a HEAD answer carries no body
+    status, _, data = raw(small_server, b"POST /retrieve HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert status == 411 and "Content-Length" in json.loads(data)["error"]
+
+
+@pytest.fixture
+def timeout_server(small_corpus, tmp_path):
+    """A server with a 1 s connection timeout and a backlog of 64; yields (url, process, log path)."""
+    proc, url = start_server(small_corpus, tmp_path, "--timeout", "1", "--backlog", "64")
+    yield url, proc, tmp_path / "server.log"
+    stop(proc)
+
+
+def test_silent_and_vanishing_clients_free_their_threads_without_tracebacks(timeout_server):
+    import socket
+    url, proc, log = timeout_server
+    host, port = re.match(r"http://([^:/]+):(\d+)", url).groups()
+    silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(4)]  # connect, send nothing
+    stalled = socket.create_connection((host, int(port)), timeout=10)  # headers, then half the body
+    stalled.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n{\"query\": ")
+    t0 = time.monotonic()
+    for s in silent + [stalled]:
+        assert s.recv(100) == b""  # the server closed it: its thread is free again
+        s.close()
+    assert time.monotonic() - t0 < 8
+    # clients that vanish before their answer (reset at once, a large answer pending): one log line each
+    big = json.dumps({"queries": ["Quaxor moon star cheese"] * 50, "topk": 6}).encode()
+    for _ in range(5):
+        s = socket.create_connection((host, int(port)), timeout=10)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+        s.sendall(f"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: {len(big)}\r\n\r\n".encode() + big)
+        s.close()
+    deadline = time.monotonic() + 20
+    while log.read_text().count("client disconnected") < 5 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert post(url, {"query": "Quaxor"})[0] == 200  # still serving
+    stop(proc)
+    err = proc.stderr.read()
+    assert "Traceback" not in err and "Error" not in err, err
+    text = log.read_text()
+    assert "Traceback" not in text
+    assert text.count("Request timed out") == 5 and text.count("client disconnected") == 5, text[-2000:]
+
+
+def test_backlog_flag_reaches_listen_and_64_clients_get_no_error(timeout_server):
+    url, proc, _ = timeout_server
+    port = re.match(r"http://[^:/]+:(\d+)", url).group(1)
+    ss = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout.split()
+    assert ss[2] == "64", ss  # a listening socket's Send-Q is its backlog
+    from concurrent.futures import ThreadPoolExecutor
+    errors = []
+
+    def client(i):  # a fresh connection per request: the accept queue is what a burst fills
+        for j in range(5):
+            try:
+                r = requests.post(url, json={"query": f"Quaxor star {i} {j}"}, timeout=30)
+                assert r.status_code == 200
+            except Exception as e:  # counted, not raised: the assertion below reports them all
+                errors.append(f"{type(e).__name__}: {e}")
+
+    with ThreadPoolExecutor(64) as pool:
+        list(pool.map(client, range(64)))
+    assert errors == []
 
 
 def test_real_corpus_retrieval_matches_the_data_readme(real_server):
