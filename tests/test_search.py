@@ -450,36 +450,82 @@ def test_client_against_a_stopped_server(small_corpus, tmp_path):
 # Parser, EM, reward
 
 OK_SEARCH = ("search[Quaxor orbit]", True, "")
+# (response, public rules: the paper's code and the default, strict rules: the three flags' other values).
+# Public, hand-derived from verl-agent's search_projection: cut after the first </search> (else </answer>),
+# take the first search block, else the first answer block; invalid when the whole text has both opening
+# tags or two of one; the block is executed even then; an empty block is valid.
+STRICT = {"invalid_step": "nothing", "empty_block": "invalid", "stray_tags": "ignore"}
 TRUTH_TABLE = [
-    ("<think>need the star</think>\n<search>Quaxor orbit</search>", OK_SEARCH),
-    ("<search>Quaxor orbit</search>", OK_SEARCH),  # no <think>: still valid here
-    ("<think>x</think><search>\n  Quaxor \n orbit </search>", OK_SEARCH),  # inner whitespace folded
-    ("<SEARCH>Quaxor orbit</Search>", OK_SEARCH),  # tags in any case
-    ("<think>I will use <search> tags</think><search>Quaxor orbit</search>", OK_SEARCH),  # a mention is no block
-    ("<think>known</think><answer> Velmira </answer>", ("answer[Velmira]", True, "")),
-    ("<answer>The Velmira star</answer> trailing text", ("answer[The Velmira star]", True, "")),
-    ("", ("", False, "no_block")), ("<think>only thinking</think>", ("", False, "no_block")),
-    ("<search>unclosed", ("", False, "no_block")), ("search[Quaxor]", ("", False, "no_block")),
-    ("<search>a</search><answer>b</answer>", ("", False, "both_kinds")),
-    ("<answer>b</answer> then <search>a</search>", ("", False, "both_kinds")),
-    ("<search>a</search><search>b</search>", ("", False, "several_blocks")),
-    ("<answer>a</answer>\n<answer>a</answer>", ("", False, "several_blocks")),
-    ("<search>  </search>", ("", False, "empty_block")), ("<answer></answer>", ("", False, "empty_block")),
-    (None, ("", False, "no_block")), (12, ("", False, "no_block")),
+    ("<think>need the star</think>\n<search>Quaxor orbit</search>", OK_SEARCH, OK_SEARCH),
+    ("<search>Quaxor orbit</search>", OK_SEARCH, OK_SEARCH),  # no <think>: still valid here
+    ("<think>x</think><search>\n  Quaxor \n orbit </search>", OK_SEARCH, OK_SEARCH),  # inner whitespace folded
+    ("<SEARCH>Quaxor orbit</Search>", OK_SEARCH, OK_SEARCH),  # tags in any case
+    # a tag mentioned in the reasoning: public counts it (and its block swallows the mention), strict ignores it
+    ("<think>I will use <search> tags</think><search>Quaxor orbit</search>",
+     ("search[tags</think><search>Quaxor orbit]", False, "several_blocks"), OK_SEARCH),
+    ("<think>the answer goes in <answer> tags</think><search>Quaxor orbit</search>",
+     ("search[Quaxor orbit]", False, "both_kinds"), OK_SEARCH),
+    ("<think>known</think><answer> Velmira </answer>", ("answer[Velmira]", True, ""), ("answer[Velmira]", True, "")),
+    ("<answer>The Velmira star</answer> trailing text", ("answer[The Velmira star]", True, ""),
+     ("answer[The Velmira star]", True, "")),
+    ("", ("", False, "no_block"), ("", False, "no_block")),
+    ("<think>only thinking</think>", ("", False, "no_block"), ("", False, "no_block")),
+    ("<search>unclosed", ("", False, "no_block"), ("", False, "no_block")),
+    ("search[Quaxor]", ("", False, "no_block"), ("", False, "no_block")),
+    # invalid, and the public code still runs the first block (a search before an answer)
+    ("<search>a</search><answer>b</answer>", ("search[a]", False, "both_kinds"), ("", False, "both_kinds")),
+    ("<answer>b</answer> then <search>a</search>", ("search[a]", False, "both_kinds"), ("", False, "both_kinds")),
+    ("<search>a</search><search>b</search>", ("search[a]", False, "several_blocks"), ("", False, "several_blocks")),
+    ("<answer>a</answer>\n<answer>b</answer>", ("answer[a]", False, "several_blocks"),
+     ("", False, "several_blocks")),
+    ("<search>  </search>", ("search[]", True, ""), ("", False, "empty_block")),
+    ("<answer></answer>", ("answer[]", True, ""), ("", False, "empty_block")),
+    (None, ("", False, "no_block"), ("", False, "no_block")), (12, ("", False, "no_block"), ("", False, "no_block")),
 ]
 
 
-@pytest.mark.parametrize("text, expected", TRUTH_TABLE)
-def test_parser_truth_table(text, expected):
-    assert S.parse_action(text, []) == expected
-    assert expected[2] in ("",) + S.REASONS
+@pytest.mark.parametrize("text, public, strict", TRUTH_TABLE)
+def test_parser_truth_table(text, public, strict):
+    assert S.parse_action(text, []) == public  # the module's rules: the defaults unless configure() changed them
+    assert S.parse_action(text, [], rules=S.PUBLIC_RULES) == public
+    assert S.parse_action(text, [], rules=STRICT) == strict
+    assert {public[2], strict[2]} <= {""} | set(S.REASONS)
+
+
+def test_each_protocol_flag_alone():
+    both = "<search>a</search><answer>b</answer>"
+    assert S.parse_action(both, [], rules={"invalid_step": "nothing"}) == ("", False, "both_kinds")
+    assert S.parse_action("<answer> </answer>", [], rules={"empty_block": "invalid"}) == ("answer[]", False,
+                                                                                          "empty_block")
+    assert S.parse_action("<think><answer> later</think><search>q</search>", [], rules={"stray_tags": "ignore"}) \
+        == ("search[q]", True, "")
+
+
+def test_configure_sets_the_rules_from_flags_and_refuses_what_changes_nothing():
+    p = argparse.ArgumentParser()
+    S.add_args(p)
+    p.add_argument("--invalid-rule", default="public")
+    p.add_argument("--invalid-fallback", default=None)
+    try:
+        S.configure(p.parse_args(["--search-invalid-step", "nothing", "--search-stray-tags", "ignore"]))
+        assert S.RULES == {"invalid_step": "nothing", "empty_block": "valid", "stray_tags": "ignore"}
+        assert S.parse_action("<search>a</search><search>b</search>", []) == ("", False, "several_blocks")
+        for argv, message in [(["--invalid-rule", "strict"], "--invalid-rule strict: the search env has no "
+                                                             "admissible-action list"),
+                              (["--invalid-fallback", "look"], "--invalid-fallback 'look': the search env runs only")]:
+            with pytest.raises(SystemExit, match=message):
+                S.configure(p.parse_args(argv))
+        S.configure(p.parse_args(["--invalid-fallback", "answer[unknown]"]))  # one the env can run: accepted
+    finally:
+        S.configure(None)
+    assert S.RULES == S.PUBLIC_RULES
 
 
 def test_action_to_execute_and_split():
     assert S.action_to_execute("x", "search[q]") == "search[q]"
     assert S.action_to_execute("x", "") == "invalid" and S.action_to_execute("x", "", "noop") == "noop"
     assert S.split_action("search[a [b]]") == ("search", "a [b]") and S.split_action("answer[x]") == ("answer", "x")
-    assert S.split_action("invalid") == (None, "") and S.split_action("search[ ]") == (None, "")
+    assert S.split_action("invalid") == (None, "") and S.split_action("search[ ]") == ("search", " ")
 
 
 @pytest.mark.parametrize("pred, gold, em", [
@@ -487,9 +533,13 @@ def test_action_to_execute_and_split():
     ("an apple", ["apple"], True), ("a  red   dwarf", ["red dwarf"], True), ("U.S.A.", ["USA"], True),
     ("Ovidius University", ["Ovidius University", "Ovidius"], True), ("Ovidius", ["Ovidius University"], False),
     ("theatre", ["atre"], False), ("Paris, France", ["Paris"], False), ("14 December 1972", ["December 1972"], False),
-    ("yes", ["no"], False), ("", ["x"], False), ("1,000", ["1000"], True), ("Anne", ["anne"], True)])
+    ("yes", ["no"], False), ("", ["x"], False), ("1,000", ["1000"], True), ("Anne", ["anne"], True),
+    # a gold that normalises to '' matches an answer that does too (the public em_check), nothing else
+    ("", ["The"], True), ("the", ["."], True), (" A ", ["An", "x"], True), ("Velmira", ["The"], False)])
 def test_exact_match_normalisation(pred, gold, em):
     assert S.exact_match(pred, gold) is em
+    if not S.normalize_answer(pred) and not any(S.normalize_answer(g) for g in gold if g != "x"):
+        assert S.exact_match(pred, gold, empty_gold="never") is False  # --search-empty-gold never
 
 
 def test_normalize_answer_is_squad():
@@ -624,7 +674,7 @@ def test_four_searches_end_with_zero(val_tasks):
 
 
 def test_invalid_turn_is_penalised(val_tasks):
-    bad = ["<think>thinking only</think>", "<search>a</search><answer>b</answer>"]
+    bad = ["<think>thinking only</think>", "<search>Romanian singer</search><answer>b</answer>"]
     ep = play(val_tasks[2], lambda ep: bad[len(ep["steps"])] if len(ep["steps"]) < 2 else S.expert_response(
         dict(ep, steps=ep["steps"][2:])))
     assert [s["valid"] for s in ep["steps"]] == [False, False, True, True]
@@ -632,6 +682,31 @@ def test_invalid_turn_is_penalised(val_tasks):
     assert ep["steps"][0]["executed"] == "invalid" and ep["steps"][0]["feedback"] == S.INVALID_FEEDBACK
     assert ep["success"] and ep["return"] == pytest.approx(1.0 - 2 * 0.01)
     assert [s["reward"] for s in ep["steps"]] == pytest.approx([-0.01, -0.01, 0.0, 1.0])
+    # the public rule: the invalid turn still ran its first block, the search, through the server
+    assert ep["steps"][1]["executed"] == "search[Romanian singer]" and ep["steps"][1]["feedback"].startswith("<information>Doc 1")
+
+
+def test_strict_rules_run_nothing_for_an_invalid_turn_and_empty_blocks(val_tasks):
+    try:
+        S.configure(argparse.Namespace(search_invalid_step="nothing", search_empty_block="invalid",
+                                       search_stray_tags="ignore"))
+        ep = play(val_tasks[2], lambda ep: ["<search>a</search><answer>b</answer>", "<answer> </answer>"][
+            len(ep["steps"])] if len(ep["steps"]) < 2 else "<answer>x</answer>")
+        assert [(s["executed"], s["feedback"]) for s in ep["steps"][:2]] == [("invalid", S.INVALID_FEEDBACK)] * 2
+        assert [s["invalid_reason"] for s in ep["steps"]] == ["both_kinds", "empty_block", ""]
+    finally:
+        S.configure(None)
+
+
+def test_empty_blocks_under_the_public_rules(val_tasks):
+    # an empty search is valid, sends nothing, shows no passage; an empty answer ends the episode, scored
+    ep = play(val_tasks[3], lambda ep: "<search> </search>" if not ep["steps"] else "<answer></answer>")
+    assert [(s["executed"], s["valid"]) for s in ep["steps"]] == [("search[]", True), ("answer[]", True)]
+    assert ep["steps"][0]["feedback"] == "<information>No passage matched the query.</information>"
+    assert ep["steps"][1]["done"] and not ep["success"]
+    empty_gold = dict(val_tasks[3], golden_answers=["The"])  # a gold that normalises to ''
+    assert play(empty_gold, lambda ep: "<answer>the</answer>")["success"]
+    assert not play(dict(empty_gold, empty_gold="never"), lambda ep: "<answer>the</answer>")["success"]
 
 
 def test_episode_length_follows_the_task_max_steps(val_tasks):
@@ -743,6 +818,13 @@ def test_data_manifest():
     assert manifest["stage1"]["count"] == 180 and manifest["rl_stream"]["count"] == 19200
     assert manifest["rl_stream"]["task_ids"][:180] == manifest["stage1"]["task_ids"]  # the same seeded passes
     assert manifest["test"]["questions"] == 28133 and any(line.startswith("test ") for line in lines)
+    # the six shipped test golds that normalise to '' (by hand: punctuation, or only articles/'a' left)
+    assert manifest["empty_golds"]["test"] == [
+        {"task_id": t, "gold": g} for t, g in [("nq/nq-0290", "---"), ("nq/nq-0363", ")"), ("nq/nq-1150", "A+"),
+                                               ("nq/nq-2720", "*"), ("hotpotqa/hotpotqa-3667", "The The"),
+                                               ("hotpotqa/hotpotqa-5470", "!!!")]]
+    assert manifest["empty_golds"]["train"] == manifest["empty_golds"]["val"] == []
+    assert any(line.startswith("empty golds : 6 gold answer(s)") for line in lines)
 
 
 def test_preset_and_flags():
@@ -776,6 +858,20 @@ def test_collect_expert_wins_end_to_end(real_server, tmp_path):
         assert answer["executed"] == f"answer[{ep['golden_answers'][0]}]" and answer["reward"] == 1.0
         assert search["prompt"].count("Question: ") == 1 and "[Step 1] <search> " in answer["prompt"]
     assert "hotpotqa" in res.stdout and "env failures 0" in res.stdout
+    # --split is honoured and the manifest records the split played (it used to play train, recording val)
+    val = tmp_path / "val.jsonl"
+    run_script(["collect.py", "--env", "search", "--model", "expert", "--tasks", "2", "--rollouts", "1", "--split",
+                "val", "--workers", "1", "--retriever-url", real_server, "--out", str(val)], timeout=300)
+    val_ids = {f"{q['data_source']}/{q['id']}" for q in S.split_questions("val", None)}
+    assert {ep["split"] for ep in read_jsonl(val)} == {"val"} and {ep["task_id"] for ep in read_jsonl(val)} <= val_ids
+    assert json.load(open(str(val) + ".manifest.json"))["split"] == "val"
+    res = run_script(["collect.py", "--env", "search", "--model", "expert", "--split", "valid_seen", "--out",
+                      str(tmp_path / "x.jsonl")], check=False, timeout=120)
+    assert res.returncode == 1 and res.stderr.strip() == ("--split 'valid_seen': the search env has the splits "
+                                                          "train, val, test")
+    res = run_script(["collect.py", "--env", "search", "--model", "expert", "--invalid-rule", "strict", "--out",
+                      str(tmp_path / "x.jsonl")], check=False, timeout=120)
+    assert res.returncode == 1 and res.stderr.strip().startswith("--invalid-rule strict: the search env has no")
     # an unreachable retriever: one line naming the URL, within seconds, before any episode
     dead = "http://127.0.0.1:9/retrieve"
     t0 = time.perf_counter()
