@@ -335,6 +335,7 @@ def rl_tasks(seed, n, args=None):
 def eval_tasks(split, seed, limit=None, args=None):
     """Evaluation tasks of a split, grouped by data source (GROUPS order, then any other source). limit:
     at most that many questions per data source, a seeded sample kept in file order; None: all."""
+    configure(args)
     ensure_retriever(args)
     by_source = {}
     for q in split_questions(split, args):
