@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive
+from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive, require_split
 from envs.backends import ExpertPolicy, HFBackend, VLLMBackend
 from envs.models import load_model, load_tokenizer
 from envs.records import check_resume, read_jsonl, resumed_manifest, run_manifest, write_manifest
@@ -41,7 +41,8 @@ PAPER = dict(env=env.NAME, split=P["collect_split"], tasks=P["collect_tasks"], r
 p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
 g = p.add_argument_group("env")
 add_env_arg(g, env)
-g.add_argument("--split", default=PAPER["split"], help="split the tasks come from")
+g.add_argument("--split", default=PAPER["split"], help=f"split the tasks come from ({env.NAME}: "
+               f"{', '.join(env.SPLITS)})")
 g.add_argument("--tasks", type=int, default=PAPER["tasks"], help="tasks to play (ALFWorld: an equal share of "
                "each of the 6 task types)")
 g.add_argument("--rollouts", type=int, default=PAPER["rollouts"], help="episodes per task")
@@ -60,6 +61,7 @@ g.add_argument("--shard", default="0/1", help="i/n: play every n-th episode star
 g.add_argument("--out", required=True, help="episode JSONL (append-only; rerun the same command to resume)")
 args = p.parse_args()
 require_positive(args, "tasks", "rollouts", "max_steps", "max_new_tokens", "workers", "batch_episodes")
+require_split(env, "--split", args.split)
 try:
     shard_i, shard_n = map(int, args.shard.split("/"))
     assert 0 <= shard_i < shard_n
@@ -78,7 +80,11 @@ if not plan:
 
 manifest_path = args.out + ".manifest.json"
 tokenizer = load_tokenizer(args.model)
-manifest = run_manifest("collect.py", args, paper=PAPER, model=args.model, tokenizer=tokenizer, split=args.split,
+# the split the games actually come from (each task says), not the flag: they can only differ by a bug
+played = ",".join(sorted({g["split"] for g in games}))
+if played != args.split:
+    sys.exit(f"{env.NAME}: --split {args.split} drew tasks of the split(s) {played}; refusing to record a mislabelled run")
+manifest = run_manifest("collect.py", args, paper=PAPER, model=args.model, tokenizer=tokenizer, split=played,
                         games=games, seeds={"seed": args.seed})
 old = check_resume(manifest_path, args, script="collect.py", out=args.out,  # refuse to mix two collections
                    identity={"games.sha256": manifest["games"]["sha256"]})

@@ -32,7 +32,7 @@ import os
 import sys
 import time
 
-from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive
+from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive, require_split
 from envs.rollout import add_rollout_args
 from envs.records import check_resume, games_summary, read_jsonl, resumed_manifest, run_manifest, write_manifest
 
@@ -53,7 +53,8 @@ COLUMNS = env.GROUPS + ["Avg", "All"]  # Avg: mean over the columns (the paper's
 p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
 g = p.add_argument_group("env")
 add_env_arg(g, env)
-g.add_argument("--splits", default=PAPER["splits"], help="comma-separated evaluation splits")
+g.add_argument("--splits", default=PAPER["splits"], help=f"comma-separated evaluation splits ({env.NAME}: "
+               f"{', '.join(env.SPLITS)})")
 g.add_argument("--limit", type=int, default=PAPER["limit"], help="tasks per split, as the env defines the subset "
                "(ALFWorld: a seeded subset that takes the task types in turn, so every type is present)")
 g.add_argument("--samples", type=int, default=1, help="episodes per task; >1 reports the mean and a 95%% interval")
@@ -126,6 +127,8 @@ if args.tp > 1 and (args.backend != "vllm" or args.model == "expert"):
     sys.exit("--tp (tensor parallelism) needs --backend vllm and a model")
 if not splits:
     sys.exit(f"--splits {args.splits!r}: expected a comma-separated list of {env.NAME} splits")
+for s in splits:
+    require_split(env, "--splits", s)
 if args.paper_backbone not in ["auto"] + S["backbones"]:
     sys.exit(f"--paper-backbone {args.paper_backbone!r}: expected auto or one of {S['backbones']}")
 

@@ -161,11 +161,11 @@ AS)  # lockstep vs per-episode rollout, and the update with the analysis overlap
 Q)  # Search: retriever server, EM before, SEED updates, EM after (validation questions, plain prompt)
   mkdir -p "$RUN/search"
   retriever
-  EV="--env search --splits val --backend vllm --gpu-memory-utilization 0.5 --workers 16"
+  EV="--env search --splits val --backend vllm --gpu-memory-utilization 0.5 --workers 16 --retriever-url http://127.0.0.1:8000/retrieve"
   step search_eval0 150 $PY evaluate.py $EV --model "$M" --out "$RUN/search/eval0"
   step search_seed 330 $TORCHRUN seed_rl.py --env search --model "$M" --tasks-per-update ${TASKS:-16} \
       --group-size 8 --updates ${UPDATES:-4} --lr ${LR:-1e-5} --workers 16 --save-every 100 --dump-examples 8 \
-      --out "$RUN/search/seed"
+      --retriever-url http://127.0.0.1:8000/retrieve --out "$RUN/search/seed"
   F=$RUN/search/seed/hf/final; [ -f "$F/config.json" ] || F=$M
   step search_eval1 150 $PY evaluate.py $EV --model "$F" --out "$RUN/search/eval1"
   [ -n "$RETR" ] && kill $RETR 2>/dev/null
@@ -207,7 +207,7 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
   ENV_ARGS=()
   if [ "${ENV:-alfworld}" = search ]; then  # the retriever outlives this call: the detached jobs need it next call
     retriever setsid
-    ENV_ARGS=("--env-args=--retriever-url http://127.0.0.1:8000")
+    ENV_ARGS=("--env-args=--retriever-url http://127.0.0.1:8000/retrieve")  # the POST endpoint (was the bare host: HTTP 404)
   fi
   LEFT=$(( ${BUDGET:-480} - SECONDS ))  # what this call has left for the driver
   # settings left unset come from learning.py's per-env preset (ALFWorld: 10 updates of 2 x 8, 15 steps, lr 1e-5)

@@ -15,9 +15,10 @@ A reader compares two envs side by side; a new env is one more module with these
   NAME                 "alfworld" | ...
   PRESET               the paper's settings for this env (SPEC.md's per-env table); every script's defaults
   GROUPS               the summary columns, in report order; each task's `category` is one of them
+  SPLITS               the split names (collect.py --split, evaluate.py --splits)
   ENV_DESCRIPTION      how the analysis prompt names the env
   add_args(parser)     the env's own flags (data paths, service URLs); may add none
-  stage1_tasks(seed, n, args)            Stage 1's collection set (n train tasks)
+  stage1_tasks(seed, n, args)            Stage 1's collection set (n train tasks, or of args.split)
   rl_tasks(seed, n, args)                Stage 2's task stream (n train tasks, seeded shuffle)
   eval_tasks(split, seed, limit, args)   evaluation tasks of a split (limit: as the env defines it)
   make_game(task)      in an env worker process: an object with reset() -> state and step(action) -> state,
@@ -62,6 +63,13 @@ def add_env_arg(parser, env):
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """--help shows the docstring's commands as written and every flag's default."""
+
+
+def require_split(env, flag, split):
+    """A split the env does not have is refused in one line naming the env and its splits (each env module
+    lists them in SPLITS), before any data is read."""
+    if split not in env.SPLITS:
+        sys.exit(f"{flag} {split!r}: the {env.NAME} env has the splits {', '.join(env.SPLITS)}")
 
 
 def require_positive(args, *names):

@@ -13,8 +13,16 @@ The HTTP contract is the one Search-R1's retrieval server speaks, so a user with
             is the third studio album ..."}, "score": 21.37}, ...], ...]}
             one list per query (a single "query" gets a list of one list), best first; without
             "return_scores" (upstream's default is false) the items are the documents themselves
-    -> 400 {"error": "..."}   body not JSON, no query, an empty query, topk not a positive integer
+    -> 400 {"error": "..."}   body not JSON, no query, an empty query, a field of the wrong type (each
+            field is strict: "return_scores": "false" is an error, not true), an unknown field, a query string
     GET /health -> 200 {"status": "ok", "documents": 4968, "corpus_sha256": "...", ...}
+
+Every answer is JSON, errors included: 404 for another path, 405 (with an Allow header) for another standard
+method (PUT, DELETE, ...), 501 for a method HTTP does not define, 413/411 for a body that is too large or not
+sized. Under load: the listen backlog is --backlog (the socketserver default of 5 reset connections at 20
+clients), each read of a connection waits at most --timeout seconds (a client that connects and sends nothing,
+or stops mid-body, is disconnected and its thread freed; one line in the log), and a client that disconnects
+before its answer is one line in the log, not a traceback on stderr.
 
 A query with no indexed word (only stop words, or words absent from the corpus) gets an empty list: BM25
 has nothing to rank, and a list of arbitrary zero-score passages would look like an answer.
@@ -34,6 +42,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 from envs.records import sha256_file
 
@@ -167,31 +176,61 @@ class BadRequest(ValueError):
     pass
 
 
+FIELDS = ("query", "queries", "topk", "return_scores")  # Search-R1's QueryRequest, plus the single shape
+
+
 def parse_request(body, default_topk):
-    """(queries, topk, return_scores, single) of a /retrieve body, or BadRequest with a one-line reason."""
+    """(queries, topk, return_scores, single) of a /retrieve body, or BadRequest with a one-line reason that
+    names the field at fault. Types are strict (JSON's own types, no coercion): a typo or a string "false"
+    must not silently become something else."""
     try:
         req = json.loads(body or b"")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest(f"request body is not JSON ({getattr(e, 'msg', e)})") from None
     if not isinstance(req, dict):
         raise BadRequest("request body must be a JSON object")
+    unknown = sorted(k for k in req if k not in FIELDS)
+    if unknown:
+        raise BadRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; the fields are {', '.join(FIELDS)}")
+    if "queries" in req and "query" in req:
+        raise BadRequest("give either 'query' (one string) or 'queries' (a list of strings), not both")
     if "queries" in req:
         queries, single = req["queries"], False
         if not isinstance(queries, list) or not queries:
-            raise BadRequest("'queries' must be a non-empty list of strings")
+            raise BadRequest(f"'queries' must be a non-empty list of strings, got {_kind(queries)}")
+        for i, q in enumerate(queries):
+            if not isinstance(q, str):
+                raise BadRequest(f"'queries'[{i}] must be a string, got {_kind(q)}")
+            if not q.strip():
+                raise BadRequest(f"'queries'[{i}] is empty (query {i} is empty)")
     elif "query" in req:
-        queries, single = [req["query"]], True
+        q, single = req["query"], True
+        if isinstance(q, list):
+            raise BadRequest("'query' must be a string, got a list (several queries go in 'queries')")
+        if not isinstance(q, str):
+            raise BadRequest(f"'query' must be a string, got {_kind(q)}")
+        if not q.strip():
+            raise BadRequest("'query' is empty (empty query)")
+        queries = [q]
     else:
         raise BadRequest("missing 'query' (a string) or 'queries' (a list of strings)")
-    for i, q in enumerate(queries):
-        if not isinstance(q, str) or not q.strip():
-            raise BadRequest("empty query" if single else f"query {i} is empty or not a string")
-    topk = req.get("topk", default_topk)
-    if topk is None:
+    topk = req.get("topk")
+    if topk is None:  # absent or null: the server's default (Search-R1: Optional[int] = None)
         topk = default_topk
     if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
         raise BadRequest(f"'topk' must be a positive integer, got {topk!r}")
-    return queries, topk, bool(req.get("return_scores", False)), single
+    scores = req.get("return_scores", False)
+    if scores is None:
+        scores = False
+    if not isinstance(scores, bool):
+        raise BadRequest(f"'return_scores' must be true or false, got {_kind(scores)} {scores!r}"[:160])
+    return queries, topk, scores, single
+
+
+def _kind(value):
+    """A JSON value's type as JSON names it, for error messages."""
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -200,47 +239,124 @@ class Handler(BaseHTTPRequestHandler):
     # Headers and body leave in two writes; with Nagle's algorithm on, the body then waits for the client's
     # delayed ACK on a kept-alive connection: a 40 ms floor per request (measured: 44 ms p50 for a 2 ms query).
     disable_nagle_algorithm = True
+    ALLOWED = "GET, POST"
 
-    def _send(self, code, obj, note=""):
+    def setup(self):
+        # socketserver applies `timeout` to the connection's socket: every read (the request line, headers,
+        # body) waits at most this long, so a client that connects and sends nothing frees its thread
+        self.timeout = self.server.conn_timeout
+        self._t0 = time.perf_counter()
+        super().setup()
+
+    def _send(self, code, obj, note="", headers=()):
         data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in headers:
+                self.send_header(k, v)
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD":  # a HEAD answer has headers only (HTTP), else the next answer is garbled
+                self.wfile.write(data)
+            self.wfile.flush()
+        except (ConnectionError, TimeoutError) as e:  # the client left before its answer
+            self.close_connection = True
+            self.server.log.info("%s %s %s client disconnected before the answer (%s)", self.client_address[0],
+                                 self.command, self.path, type(e).__name__)
+            return
         note = note or obj.get("error", "")
         self.server.log.info("%s %s %s %d %.1f ms %s", self.client_address[0], self.command, self.path, code,
                              1000 * (time.perf_counter() - self._t0), note)
 
-    def do_GET(self):
+    def send_error(self, code, message=None, explain=None):
+        """The stdlib's own errors (a bad request line, headers too long, an unknown method, a read that timed
+        out) as JSON like every other answer, not its HTML page."""
+        self.close_connection = True
+        if not hasattr(self, "command") or self.command is None:
+            self.command = ""
+        if code == 501 and self.command:  # a method that HTTP does not define at all
+            message = f"method {self.command} is not an HTTP method this server knows; use {self.ALLOWED}"
+        self._send(code, {"error": message or self.responses.get(code, ("error",))[0]})
+
+    def handle_one_request(self):
         self._t0 = time.perf_counter()
-        if self.path.rstrip("/") == "/health":
+        try:
+            super().handle_one_request()
+        except TimeoutError:  # mid-body (the stdlib catches it only while reading the request line)
+            self.close_connection = True
+            self.server.log.info("%s connection timed out after %g s reading a request", self.client_address[0],
+                                 self.server.conn_timeout)
+        except ConnectionError as e:
+            self.close_connection = True
+            self.server.log.info("%s client disconnected (%s)", self.client_address[0], type(e).__name__)
+
+    def _route(self):
+        """(path, query string) of the request target."""
+        parts = urlsplit(self.path)
+        return parts.path.rstrip("/") or "/", parts.query
+
+    def do_GET(self):
+        path, _ = self._route()
+        if path == "/health":  # a query string is harmless here (monitors add cache busters)
             s = self.server
             self._send(200, {"status": "ok", "documents": len(s.index.docs), "corpus": s.corpus_path,
                              "corpus_sha256": s.index.params["corpus_sha256"], "index": s.index.params,
                              "default_topk": s.default_topk})
+        elif path == "/retrieve":
+            self._not_allowed("POST")
         else:
-            self._send(404, {"error": f"no such path {self.path}; use POST /retrieve or GET /health"})
+            self._send(404, {"error": f"no such path {path}; use POST /retrieve or GET /health"})
 
     def do_POST(self):
-        self._t0 = time.perf_counter()
-        if self.path.rstrip("/") != "/retrieve":
-            return self._send(404, {"error": f"no such path {self.path}; use POST /retrieve"})
+        path, query = self._route()
+        if path == "/health":
+            return self._not_allowed("GET")
+        if path != "/retrieve":
+            return self._send(404, {"error": f"no such path {path}; use POST /retrieve or GET /health"})
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            self.close_connection = True  # the body is not read
+            return self._send(411, {"error": "chunked bodies are not supported; send a Content-Length"})
         try:
-            n = max(0, int(self.headers.get("Content-Length") or 0))
+            n = int(self.headers.get("Content-Length") or 0)
+            if n < 0:
+                raise ValueError
         except ValueError:
             self.close_connection = True
             return self._send(400, {"error": "bad Content-Length header"})
         if n > MAX_BODY:
             self.close_connection = True  # the body is not read
             return self._send(413, {"error": f"request body of {n} bytes is over {MAX_BODY}"})
+        body = self.rfile.read(n)
+        if len(body) < n:  # the client closed the connection mid-body
+            self.close_connection = True
+            self.server.log.info("%s client disconnected after %d of %d body bytes", self.client_address[0],
+                                 len(body), n)
+            return
+        if query:
+            return self._send(400, {"error": f"query-string parameters ({query[:60]}) are not read; send every "
+                                             f"field in the JSON body"})
         try:
-            queries, topk, scores, single = parse_request(self.rfile.read(n), self.server.default_topk)
+            queries, topk, scores, single = parse_request(body, self.server.default_topk)
         except BadRequest as e:
             return self._send(400, {"error": str(e)})
-        hits = self.server.index.search(queries, topk)
+        try:
+            hits = self.server.index.search(queries, topk)
+        except Exception as e:  # a bug or a broken index: a JSON 500 (the client retries 5xx), the trace logged
+            self.server.log.exception("search failed")
+            return self._send(500, {"error": f"search failed: {type(e).__name__}: {str(e)[:120]}"})
         result = [[{"document": d, "score": s} if scores else d for d, s in h] for h in hits]
         self._send(200, {"result": result}, f"{len(queries)} quer{'y' if single else 'ies'}, topk {topk}")
+
+    def _not_allowed(self, allow=None):
+        allow = allow or self.ALLOWED
+        self._send(405, {"error": f"method {self.command} is not allowed on {self._route()[0]}; use {allow}"},
+                   headers=[("Allow", allow)])
+
+    # the other standard methods (RFC 9110 and PATCH): 405 with the Allow header, a JSON body
+    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed
 
     def log_request(self, code="-", size="-"):  # _send logs each answer once, with its timing
         pass
@@ -252,9 +368,22 @@ class Handler(BaseHTTPRequestHandler):
 class RetrieverServer(ThreadingHTTPServer):
     daemon_threads = True  # a hung client never blocks shutdown
 
-    def __init__(self, address, index, corpus_path, default_topk, log):
+    def __init__(self, address, index, corpus_path, default_topk, log, backlog=128, conn_timeout=30.0):
         self.index, self.corpus_path, self.default_topk, self.log = index, corpus_path, default_topk, log
+        # listen()'s backlog: connections the kernel queues before accept(). socketserver's default of 5
+        # reset connections under 20 concurrent clients (26 ConnectionResetError in 2,000 requests)
+        self.request_queue_size = backlog
+        self.conn_timeout = conn_timeout
         super().__init__(address, Handler)
+
+    def handle_error(self, request, client_address):
+        """One line in the log instead of socketserver's traceback on stderr: a client that went away is
+        routine; anything else is logged with its trace (in the log file, not on the terminal)."""
+        e = sys.exc_info()[1]
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            self.log.info("%s client disconnected (%s)", client_address[0], type(e).__name__)
+        else:
+            self.log.exception("%s unexpected error serving a request", client_address[0])
 
 
 def main(argv=None):
@@ -269,6 +398,13 @@ def main(argv=None):
                    help="address to bind; the default serves this machine only (0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed at start)")
     p.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk")
+    p.add_argument("--backlog", type=int, default=128,
+                   help="listen backlog: connections queued before the server accepts them (size it above the "
+                        "number of concurrent clients, e.g. the env workers of every run that shares it)")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds a connection may wait between reads (request line, headers, body) before the "
+                        "server closes it: a client that connects and sends nothing frees its thread; an idle "
+                        "kept-alive connection is closed after as long (the client reconnects)")
     p.add_argument("--k1", type=float, default=1.5, help="BM25 k1 (term-frequency saturation)")
     p.add_argument("--b", type=float, default=0.75, help="BM25 b (document-length normalisation)")
     p.add_argument("--cache-dir", default=DEFAULT_CACHE,
@@ -276,6 +412,11 @@ def main(argv=None):
     p.add_argument("--log-file", default=None,
                    help="request and startup log (None: <cache-dir>/retriever-<port>.log)")
     args = p.parse_args(argv)
+    for name in ("topk", "backlog"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be 1 or more, got {getattr(args, name)}")
+    if not args.timeout > 0:
+        p.error(f"--timeout must be more than 0 seconds, got {args.timeout}")
 
     os.makedirs(args.cache_dir, exist_ok=True)
     log_file = args.log_file or os.path.join(args.cache_dir, f"retriever-{args.port}.log")
@@ -286,13 +427,15 @@ def main(argv=None):
     log.addHandler(handler)
     try:
         index = BM25Index.build_or_load(args.corpus, args.cache_dir, k1=args.k1, b=args.b, log=log)
-        server = RetrieverServer((args.host, args.port), index, os.path.abspath(args.corpus), args.topk, log)
+        server = RetrieverServer((args.host, args.port), index, os.path.abspath(args.corpus), args.topk, log,
+                                 backlog=args.backlog, conn_timeout=args.timeout)
     except (CorpusError, OSError) as e:
         log.error("%s", e)
         print(f"retriever: error: {e}", file=sys.stderr, flush=True)
         return 2
     host, port = server.server_address[:2]
-    msg = f"serving {len(index.docs)} documents at http://{host}:{port}/retrieve (log: {log_file})"
+    msg = (f"serving {len(index.docs)} documents at http://{host}:{port}/retrieve (log: {log_file}; backlog "
+           f"{args.backlog}, connection timeout {args.timeout:g} s)")
     log.info(msg)
     print(f"retriever: {msg}", flush=True)  # tests and scripts wait for this line
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops it cleanly, like Ctrl-C

@@ -94,6 +94,22 @@ def add_args(parser):
                    help="test question files (default: <search-data>/test/<source>.jsonl.xz for the 7 sources)")
     g.add_argument("--no-retriever-check", action="store_true",
                    help="do not check at start that the retriever answers (e.g. to only list tasks)")
+    # The step protocol: each default is the paper's public code (verl-agent's search projection; README,
+    # "Fidelity to the paper's public code"); the other value is this project's earlier, stricter reading.
+    g.add_argument("--search-invalid-step", choices=["execute-first", "nothing"], default="execute-first",
+                   help="what an invalid turn runs: execute-first = its first block (a search before an answer), "
+                        "as the public code; nothing = no search, no answer (the turn is only counted)")
+    g.add_argument("--search-empty-block", choices=["valid", "invalid"], default="valid",
+                   help="<search></search> or <answer></answer>: valid as the public code (an empty search "
+                        "shows no passage, an empty answer is scored), or invalid")
+    g.add_argument("--search-stray-tags", choices=["count", "ignore"], default="count",
+                   help="count = every opening <search>/<answer> tag counts towards 'both kinds' and 'several "
+                        "blocks', a tag mentioned in the reasoning too (the public code); ignore = only "
+                        "complete blocks count")
+    g.add_argument("--search-empty-gold", choices=["match", "never"], default="match",
+                   help="a gold answer that normalises to '' (e.g. 'The', '.'): match = an answer that also "
+                        "normalises to '' scores 1, as the public code's em_check; never = such a gold matches "
+                        "nothing")
     return parser
 
 
@@ -228,6 +244,30 @@ def split_questions(split, args):
 
 
 # ----------------------------------------------------------------------------------------------------
+# The run's flags: the step protocol, and flags that would change nothing for this env (refused)
+
+PUBLIC_RULES = {"invalid_step": "execute-first", "empty_block": "valid", "stray_tags": "count"}
+RULES = dict(PUBLIC_RULES)  # parse_action's rules; set from the run's flags by configure()
+
+
+def configure(args):
+    """Check the run's flags for the search env and set the step protocol that parse_action follows.
+    Called by the task functions (every script draws its tasks through them, in the process that parses
+    the responses). A flag that would change nothing here is refused with one line naming the env."""
+    if _opt(args, "invalid_rule", "public") == "strict":
+        raise SystemExit("--invalid-rule strict: the search env has no admissible-action list, so it would change "
+                         "nothing; its validity rules are --search-invalid-step, --search-empty-block and "
+                         "--search-stray-tags")
+    fallback = _opt(args, "invalid_fallback")
+    if fallback is not None and split_action(fallback)[0] is None:
+        raise SystemExit(f"--invalid-fallback {fallback!r}: the search env runs only search[query] or answer[text]; "
+                         f"anything else is an invalid turn already, so it would change nothing")
+    RULES.update(invalid_step=_opt(args, "search_invalid_step", PUBLIC_RULES["invalid_step"]),
+                 empty_block=_opt(args, "search_empty_block", PUBLIC_RULES["empty_block"]),
+                 stray_tags=_opt(args, "search_stray_tags", PUBLIC_RULES["stray_tags"]))
+
+
+# ----------------------------------------------------------------------------------------------------
 # Tasks
 
 def make_task(q, split, args):
@@ -240,6 +280,7 @@ def make_task(q, split, args):
             "retriever_retries": _opt(args, "retriever_retries", 3),
             "retriever_backoff": _opt(args, "retriever_backoff", 0.5),
             "retriever_shape": _opt(args, "retriever_shape", "auto"),
+            "empty_gold": _opt(args, "search_empty_gold", "match"),
             "max_steps": _opt(args, "max_steps", PRESET["max_steps"])}
 
 
@@ -271,19 +312,22 @@ def _draw(items, seed, n):
     return out
 
 
-def _train_tasks(seed, n, args):
-    return [make_task(q, "train", args) for q in _draw(split_questions("train", args), seed, n)]
+def _train_tasks(seed, n, args, split="train"):
+    return [make_task(q, split, args) for q in _draw(split_questions(split, args), seed, n)]
 
 
 def stage1_tasks(seed, n, args=None):
-    """Stage 1's collection set: n train questions (the paper: 180), a seeded draw."""
+    """Stage 1's collection set: n questions (the paper: 180 train questions), a seeded draw from the train
+    split, or from the split args.split names (collect.py --split val / test)."""
+    configure(args)
     ensure_retriever(args)
-    return _train_tasks(seed, n, args)
+    return _train_tasks(seed, n, args, _opt(args, "split", "train"))
 
 
 def rl_tasks(seed, n, args=None):
     """Stage 2's task stream: n train questions (the paper: 128 x 150 = 19,200), seeded shuffles; update u
     plays [u*T:(u+1)*T]. With the 400 shipped train questions every question recurs across passes."""
+    configure(args)
     ensure_retriever(args)
     return _train_tasks(seed, n, args)  # the same seeded passes: Stage 1's n questions are the stream's first n
 
@@ -291,6 +335,7 @@ def rl_tasks(seed, n, args=None):
 def eval_tasks(split, seed, limit=None, args=None):
     """Evaluation tasks of a split, grouped by data source (GROUPS order, then any other source). limit:
     at most that many questions per data source, a seeded sample kept in file order; None: all."""
+    configure(args)
     ensure_retriever(args)
     by_source = {}
     for q in split_questions(split, args):
@@ -323,6 +368,12 @@ def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
              f"questions, sha256 {rl['sha256']}",
              "test        : " + ", ".join(f"{s} {n}" for s, n in per_source.items())
              + f" ({len(test)} questions; in-domain: {', '.join(g for g in GROUPS if g in IN_DOMAIN)})"]
+    empty = {name: empty_golds(qs) for name, qs in (("train", train), ("val", val), ("test", test))}
+    lines.append(f"empty golds : {sum(map(len, empty.values()))} gold answer(s) normalise to '' (train "
+                 f"{len(empty['train'])}, val {len(empty['val'])}, test {len(empty['test'])}: "
+                 + ", ".join(f"{i} {g!r}" for i, g in empty["test"][:8])
+                 + "); with --search-empty-gold match (the public code) an answer that normalises to '' "
+                   "scores 1 on them")
     key = lambda q: normalize_answer(q["question"])
     val_ids, test_questions = {f"{q['data_source']}/{q['id']}" for q in val}, {key(q) for q in test}
     checks = {
@@ -336,7 +387,9 @@ def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
     manifest = {"stage1": dict(s1, trajectories=s1["count"] * rollouts, task_ids=[t["task_id"] for t in stage1]),
                 "rl_stream": dict(rl, task_ids=[t["task_id"] for t in stream]),
                 "val": {"questions": len(val), "task_ids": sorted(val_ids)},
-                "test": {"questions": len(test), "per_source": per_source, "files": test_files(args)}}
+                "test": {"questions": len(test), "per_source": per_source, "files": test_files(args)},
+                # questions whose gold normalises to '' (exact_match says how they score), per split
+                "empty_golds": {k: [{"task_id": i, "gold": g} for i, g in v] for k, v in empty.items()}}
     return lines, checks, manifest
 
 
@@ -353,9 +406,21 @@ def normalize_answer(s):
     return " ".join(s.split())
 
 
-def exact_match(prediction, golden_answers):
+def exact_match(prediction, golden_answers, empty_gold="match"):
+    """1 if the normalised prediction equals a normalised gold answer. A gold that normalises to '' (six of
+    the shipped test golds, e.g. 'The', counted by the data manifest) matches an answer that normalises to ''
+    too (an empty <answer>, 'the', '.'): the public code's em_check compares the normalised strings and
+    nothing more (verl-agent: env_package/search/third_party/skyrl_gym/envs/search/utils.py; Search-R1:
+    verl/utils/reward_score/qa_em.py). empty_gold="never": such a gold matches nothing."""
     p = normalize_answer(prediction)
-    return any(p == normalize_answer(g) for g in golden_answers)
+    golds = [normalize_answer(g) for g in golden_answers]
+    return any(p == g for g in golds if g or empty_gold == "match")
+
+
+def empty_golds(questions):
+    """The questions with a gold answer that normalises to '' (see exact_match): [(task id, gold), ...]."""
+    return [(f"{q['data_source']}/{q['id']}", g) for q in questions for g in q["golden_answers"]
+            if not normalize_answer(g)]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -403,13 +468,16 @@ class SearchGame:
         last = self.turn >= self.max_steps
         kind, arg = split_action(action)
         if kind == "answer":
-            self.done, self.won = True, exact_match(arg, self.task["golden_answers"])
+            self.done, self.won = True, exact_match(arg, self.task["golden_answers"],
+                                                    self.task.get("empty_gold", "match"))
             return self._state(f"You answered: {arg}")
         self.done = last
         if kind != "search":
             return self._state(INVALID_FEEDBACK)
         if last:  # the reply could not be used any more: do not spend a retriever call on it
             return self._state(LAST_TURN_FEEDBACK)
+        if not arg.strip():  # an empty <search></search> (valid under the public rules): no query to send
+            return self._state(format_information([]))
         t = self.task
         docs = retrieve(t["retriever_url"], [arg], topk=t.get("topk", 3), timeout=t.get("retriever_timeout", 10.0),
                         retries=t.get("retriever_retries", 3), backoff=t.get("retriever_backoff", 0.5),
@@ -423,41 +491,81 @@ def make_game(task):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Parsing. Validity (SPEC): exactly one <search>...</search> or <answer>...</answer> block in the response.
-# Invalid: no block, both kinds, more than one block; also an empty block (an empty query cannot be run,
-# an empty answer is no answer). A missing <think> is NOT invalid here. Tags are matched case-insensitively.
+# Parsing. Validity (SPEC): one <search>...</search> or <answer>...</answer> block; invalid: no block, both
+# kinds, more than one block. A missing <think> is NOT invalid here. The details follow the paper's public
+# code, verl-agent's `search_projection` (agent_system/environments/env_package/search/projection.py) and its
+# env manager's step (agent_system/environments/env_manager.py, SearchEnvironmentManager.step; read in forks
+# of verl-agent, e.g. GithubX-F/ProxMO-RL@7f40b65 and jinyangwu/SPARK@06114c0, as the upstream repository
+# could not be fetched here):
+#   - the text is cut after the first `</search>` (else the first `</answer>`), and the first search block
+#     of what is left is the action, else its first answer block (stripped), else nothing;
+#   - the step is invalid when there is no block, when the ORIGINAL text holds both an opening <search> and
+#     an opening <answer> tag, or more than one of either (so a tag mentioned in the reasoning counts);
+#   - the extracted block is executed even when the step is invalid (the env gets the projected actions;
+#     the flag only adds the penalty); an empty block is valid.
+# Each of these has a flag for the stricter reading this project used first (RULES, set by configure()):
+# --search-invalid-step nothing, --search-empty-block invalid, --search-stray-tags ignore.
 
 # A block's text may not contain another opening tag of its kind: a tag mentioned in the reasoning ("I will
-# use <search> tags") must not swallow the real block that follows it.
+# use <search> tags") must not swallow the real block that follows it (the "ignore" reading).
 SEARCH_RE = re.compile(r"<search>((?:(?!<search>).)*?)</search>", re.DOTALL | re.IGNORECASE)
 ANSWER_RE = re.compile(r"<answer>((?:(?!<answer>).)*?)</answer>", re.DOTALL | re.IGNORECASE)
+PUBLIC_SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL | re.IGNORECASE)
+PUBLIC_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 REASONS = ("no_block", "both_kinds", "several_blocks", "empty_block")
 
 
-def parse_action(text, admissible=None, require_think=True):
-    """-> (action, valid, reason): action "search[query]" / "answer[text]" (inner whitespace folded) when
-    valid, else "" (an invalid step runs nothing); reason one of REASONS, '' when valid. Never raises.
-    A missing <think> is not invalid here (SPEC.md), so require_think changes nothing."""
+def _public_block(text):
+    """(kind, text) of the block the public code extracts, or (None, '')."""
+    for close in ("</search>", "</answer>"):  # case-sensitive, as the public code's cut
+        if close in text:
+            text = text.split(close, 1)[0] + close
+            break
+    m = PUBLIC_SEARCH_RE.search(text)
+    if m:
+        return "search", m.group(1)
+    m = PUBLIC_ANSWER_RE.search(text)
+    return ("answer", m.group(1)) if m else (None, "")
+
+
+def parse_action(text, admissible=None, require_think=True, rules=None):
+    """-> (action, valid, reason): action "search[query]" / "answer[text]" (inner whitespace folded), or ''
+    when there is nothing to run; reason one of REASONS, '' when valid. Never raises. rules: RULES (the
+    run's flags) unless given. An invalid step keeps its action under invalid_step "execute-first" (the
+    public code runs it) and has '' under "nothing". A missing <think> is not invalid here (SPEC.md), so
+    require_think changes nothing."""
+    r = dict(RULES, **(rules or {}))
     if not isinstance(text, str):
         text = "" if text is None else str(text)
-    searches, answers = SEARCH_RE.findall(text), ANSWER_RE.findall(text)
-    if not searches and not answers:
-        return "", False, "no_block"
-    if searches and answers:
-        return "", False, "both_kinds"
-    if len(searches) + len(answers) > 1:
-        return "", False, "several_blocks"
-    kind, arg = ("search", searches[0]) if searches else ("answer", answers[0])
+    if r["stray_tags"] == "count":
+        kind, arg = _public_block(text)
+        n_search, n_answer = len(re.findall("<search>", text, re.I)), len(re.findall("<answer>", text, re.I))
+    else:
+        searches, answers = SEARCH_RE.findall(text), ANSWER_RE.findall(text)
+        kind, arg = ("search", searches[0]) if searches else ("answer", answers[0]) if answers else (None, "")
+        n_search, n_answer = len(searches), len(answers)
     arg = " ".join(arg.split())
-    if not arg:
-        return "", False, "empty_block"
-    return f"{kind}[{arg}]", True, ""
+    if kind is None:
+        reason = "no_block"
+    elif n_search and n_answer:
+        reason = "both_kinds"
+    elif n_search + n_answer > 1:
+        reason = "several_blocks"
+    elif not arg and r["empty_block"] == "invalid":
+        reason = "empty_block"
+    else:
+        reason = ""
+    action = f"{kind}[{arg}]" if kind else ""
+    if reason and r["invalid_step"] == "nothing":
+        action = ""
+    return action, not reason, reason
 
 
 def split_action(action):
-    """("search" | "answer" | None, argument) of an executed action string."""
+    """("search" | "answer" | None, argument) of an executed action string (the argument may be empty:
+    an empty block, valid under the public rules)."""
     m = re.fullmatch(r"(search|answer)\[(.*)\]", str(action or ""), re.DOTALL)
-    return (m.group(1), m.group(2)) if m and m.group(2).strip() else (None, "")
+    return (m.group(1), m.group(2)) if m else (None, "")
 
 
 def is_admissible(action, admissible):
@@ -466,8 +574,8 @@ def is_admissible(action, admissible):
 
 
 def action_to_execute(text, action, fallback=None):
-    """The parsed action when valid; else `fallback` if given, else "invalid" (the game answers any
-    non-action with INVALID_FEEDBACK and counts the turn)."""
+    """The parsed action (an invalid step's too, under the public rules); without one `fallback` if given,
+    else "invalid" (the game answers any non-action with INVALID_FEEDBACK and counts the turn)."""
     return action or fallback or "invalid"
 
 

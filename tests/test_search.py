@@ -135,13 +135,153 @@ def test_both_request_shapes_and_topk(small_server):
 
 @pytest.mark.parametrize("body, message", [
     ({}, "missing 'query'"), ({"topk": 3}, "missing 'query'"), ({"query": ""}, "empty query"),
-    ({"query": "   "}, "empty query"), ({"query": None}, "empty query"), ({"queries": []}, "non-empty list"),
+    ({"query": "   "}, "empty query"), ({"query": None}, "'query' must be a string, got null"),
+    ({"queries": []}, "non-empty list"),
     ({"queries": "Quaxor"}, "non-empty list"), ({"queries": ["Quaxor", " "]}, "query 1 is empty"),
     ({"query": "Quaxor", "topk": 0}, "'topk'"), ({"query": "Quaxor", "topk": "3"}, "'topk'"),
     ("not json", "not JSON"), ("[1, 2]", "JSON object")])
 def test_bad_requests_get_400_with_a_json_error(small_server, body, message):
     code, r = post(small_server, body)
     assert code == 400 and message in r["error"]
+
+
+@pytest.mark.parametrize("body, message", [
+    # each names the field at fault; JSON types are not coerced (a string "false" would read as true)
+    ({"query": "Quaxor", "return_scores": "false"}, "'return_scores' must be true or false, got a string"),
+    ({"query": "Quaxor", "return_scores": 0}, "'return_scores' must be true or false, got a number"),
+    ({"query": ["a", "b"]}, "'query' must be a string, got a list (several queries go in 'queries')"),
+    ({"query": 7}, "'query' must be a string, got a number"),
+    ({"queries": ["Quaxor", 3]}, "'queries'[1] must be a string, got a number"),
+    ({"queries": [["Quaxor"]]}, "'queries'[0] must be a string, got a list"),
+    ({"query": "Quaxor", "top_k": 2}, "unknown field(s) 'top_k'"),
+    ({"query": "Quaxor", "queries": ["Quaxor"]}, "not both"),
+    ({"query": "Quaxor", "topk": 2.0}, "'topk' must be a positive integer, got 2.0"),
+    ({"query": "Quaxor", "topk": True}, "'topk' must be a positive integer, got True")])
+def test_every_field_is_strict_and_named(small_server, body, message):
+    code, r = post(small_server, body)
+    assert code == 400 and message in r["error"], r
+
+
+def test_null_fields_take_the_defaults(small_server):
+    code, r = post(small_server, {"query": "Quaxor moon zorblat Velmira cheese", "topk": None, "return_scores": None})
+    assert code == 200 and len(r["result"][0]) == 3 and "score" not in r["result"][0][0]
+
+
+def raw(url, data, read=True):
+    """Send raw bytes to the server of `url`; (status, headers, body) of the answer (or None without read)."""
+    import socket
+    host, port = re.match(r"http://([^:/]+):(\d+)", url).groups()
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(data)
+        if not read:
+            return None
+        buf = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            head, sep, body = buf.partition(b"\r\n\r\n")
+            m = re.search(rb"Content-Length: (\d+)", head)
+            if sep and m and len(body) >= int(m.group(1)):
+                break
+    if not buf.startswith(b"HTTP/"):  # an HTTP/0.9-style answer (no version in the request line): body only
+        return None, {}, buf
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, body
+
+
+@pytest.mark.parametrize("method, path, code, message", [
+    ("PUT", "/retrieve", 405, "method PUT is not allowed on /retrieve; use GET, POST"),
+    ("DELETE", "/retrieve", 405, "method DELETE is not allowed"), ("PATCH", "/health", 405, "method PATCH"),
+    ("OPTIONS", "/retrieve", 405, "method OPTIONS"), ("GET", "/retrieve", 405, "use POST"),
+    ("POST", "/health", 405, "use GET"), ("BREW", "/retrieve", 501, "method BREW is not an HTTP method"),
+    ("GET", "/nope", 404, "no such path /nope"), ("POST", "/retrieve?topk=2", 400, "query-string parameters"),
+    ("POST", "/retrieve/", 200, None), ("GET", "/health?probe=1", 200, None)])
+def test_every_method_and_path_answers_json(small_server, method, path, code, message):
+    body = json.dumps({"query": "Quaxor"}).encode()
+    status, headers, data = raw(small_server, f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
+                                              f"\r\nConnection: close\r\n\r\n".encode() + body)
+    assert status == code and headers["Content-Type"].startswith("application/json")
+    answer = json.loads(data)
+    if message:
+        assert message in answer["error"]
+    if code == 405:
+        assert headers["Allow"] in ("GET, POST", "POST", "GET")
+
+
+def test_stdlib_errors_are_json_too(small_server):
+    status, headers, data = raw(small_server, b"GARBAGE\r\n\r\n")  # no version: the stdlib answers 0.9-style
+    assert "Bad request" in json.loads(data)["error"]
+    many = "".join(f"X-{i}: y\r\n" for i in range(120))
+    status, headers, data = raw(small_server, f"GET /health HTTP/1.1\r\n{many}\r\n".encode())
+    assert status == 431 and headers["Content-Type"].startswith("application/json") and json.loads(data)["error"]
+    status, _, data = raw(small_server, b"HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status == 405 and data == b""  # a HEAD answer carries no body
+    status, _, data = raw(small_server, b"POST /retrieve HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert status == 411 and "Content-Length" in json.loads(data)["error"]
+
+
+@pytest.fixture
+def timeout_server(small_corpus, tmp_path):
+    """A server with a 1 s connection timeout and a backlog of 64; yields (url, process, log path)."""
+    proc, url = start_server(small_corpus, tmp_path, "--timeout", "1", "--backlog", "64")
+    yield url, proc, tmp_path / "server.log"
+    stop(proc)
+
+
+def test_silent_and_vanishing_clients_free_their_threads_without_tracebacks(timeout_server):
+    import socket
+    url, proc, log = timeout_server
+    host, port = re.match(r"http://([^:/]+):(\d+)", url).groups()
+    silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(4)]  # connect, send nothing
+    stalled = socket.create_connection((host, int(port)), timeout=10)  # headers, then half the body
+    stalled.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n{\"query\": ")
+    t0 = time.monotonic()
+    for s in silent + [stalled]:
+        assert s.recv(100) == b""  # the server closed it: its thread is free again
+        s.close()
+    assert time.monotonic() - t0 < 8
+    # clients that vanish before their answer (reset at once, a large answer pending): one log line each
+    big = json.dumps({"queries": ["Quaxor moon star cheese"] * 50, "topk": 6}).encode()
+    for _ in range(5):
+        s = socket.create_connection((host, int(port)), timeout=10)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+        s.sendall(f"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: {len(big)}\r\n\r\n".encode() + big)
+        s.close()
+    deadline = time.monotonic() + 20
+    while log.read_text().count("client disconnected") < 5 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert post(url, {"query": "Quaxor"})[0] == 200  # still serving
+    stop(proc)
+    err = proc.stderr.read()
+    assert "Traceback" not in err and "Error" not in err, err
+    text = log.read_text()
+    assert "Traceback" not in text
+    assert text.count("Request timed out") == 5 and text.count("client disconnected") == 5, text[-2000:]
+
+
+def test_backlog_flag_reaches_listen_and_64_clients_get_no_error(timeout_server):
+    url, proc, _ = timeout_server
+    port = re.match(r"http://[^:/]+:(\d+)", url).group(1)
+    ss = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout.split()
+    assert ss[2] == "64", ss  # a listening socket's Send-Q is its backlog
+    from concurrent.futures import ThreadPoolExecutor
+    errors = []
+
+    def client(i):  # a fresh connection per request: the accept queue is what a burst fills
+        for j in range(5):
+            try:
+                r = requests.post(url, json={"query": f"Quaxor star {i} {j}"}, timeout=30)
+                assert r.status_code == 200
+            except Exception as e:  # counted, not raised: the assertion below reports them all
+                errors.append(f"{type(e).__name__}: {e}")
+
+    with ThreadPoolExecutor(64) as pool:
+        list(pool.map(client, range(64)))
+    assert errors == []
 
 
 def test_real_corpus_retrieval_matches_the_data_readme(real_server):
@@ -310,36 +450,82 @@ def test_client_against_a_stopped_server(small_corpus, tmp_path):
 # Parser, EM, reward
 
 OK_SEARCH = ("search[Quaxor orbit]", True, "")
+# (response, public rules: the paper's code and the default, strict rules: the three flags' other values).
+# Public, hand-derived from verl-agent's search_projection: cut after the first </search> (else </answer>),
+# take the first search block, else the first answer block; invalid when the whole text has both opening
+# tags or two of one; the block is executed even then; an empty block is valid.
+STRICT = {"invalid_step": "nothing", "empty_block": "invalid", "stray_tags": "ignore"}
 TRUTH_TABLE = [
-    ("<think>need the star</think>\n<search>Quaxor orbit</search>", OK_SEARCH),
-    ("<search>Quaxor orbit</search>", OK_SEARCH),  # no <think>: still valid here
-    ("<think>x</think><search>\n  Quaxor \n orbit </search>", OK_SEARCH),  # inner whitespace folded
-    ("<SEARCH>Quaxor orbit</Search>", OK_SEARCH),  # tags in any case
-    ("<think>I will use <search> tags</think><search>Quaxor orbit</search>", OK_SEARCH),  # a mention is no block
-    ("<think>known</think><answer> Velmira </answer>", ("answer[Velmira]", True, "")),
-    ("<answer>The Velmira star</answer> trailing text", ("answer[The Velmira star]", True, "")),
-    ("", ("", False, "no_block")), ("<think>only thinking</think>", ("", False, "no_block")),
-    ("<search>unclosed", ("", False, "no_block")), ("search[Quaxor]", ("", False, "no_block")),
-    ("<search>a</search><answer>b</answer>", ("", False, "both_kinds")),
-    ("<answer>b</answer> then <search>a</search>", ("", False, "both_kinds")),
-    ("<search>a</search><search>b</search>", ("", False, "several_blocks")),
-    ("<answer>a</answer>\n<answer>a</answer>", ("", False, "several_blocks")),
-    ("<search>  </search>", ("", False, "empty_block")), ("<answer></answer>", ("", False, "empty_block")),
-    (None, ("", False, "no_block")), (12, ("", False, "no_block")),
+    ("<think>need the star</think>\n<search>Quaxor orbit</search>", OK_SEARCH, OK_SEARCH),
+    ("<search>Quaxor orbit</search>", OK_SEARCH, OK_SEARCH),  # no <think>: still valid here
+    ("<think>x</think><search>\n  Quaxor \n orbit </search>", OK_SEARCH, OK_SEARCH),  # inner whitespace folded
+    ("<SEARCH>Quaxor orbit</Search>", OK_SEARCH, OK_SEARCH),  # tags in any case
+    # a tag mentioned in the reasoning: public counts it (and its block swallows the mention), strict ignores it
+    ("<think>I will use <search> tags</think><search>Quaxor orbit</search>",
+     ("search[tags</think><search>Quaxor orbit]", False, "several_blocks"), OK_SEARCH),
+    ("<think>the answer goes in <answer> tags</think><search>Quaxor orbit</search>",
+     ("search[Quaxor orbit]", False, "both_kinds"), OK_SEARCH),
+    ("<think>known</think><answer> Velmira </answer>", ("answer[Velmira]", True, ""), ("answer[Velmira]", True, "")),
+    ("<answer>The Velmira star</answer> trailing text", ("answer[The Velmira star]", True, ""),
+     ("answer[The Velmira star]", True, "")),
+    ("", ("", False, "no_block"), ("", False, "no_block")),
+    ("<think>only thinking</think>", ("", False, "no_block"), ("", False, "no_block")),
+    ("<search>unclosed", ("", False, "no_block"), ("", False, "no_block")),
+    ("search[Quaxor]", ("", False, "no_block"), ("", False, "no_block")),
+    # invalid, and the public code still runs the first block (a search before an answer)
+    ("<search>a</search><answer>b</answer>", ("search[a]", False, "both_kinds"), ("", False, "both_kinds")),
+    ("<answer>b</answer> then <search>a</search>", ("search[a]", False, "both_kinds"), ("", False, "both_kinds")),
+    ("<search>a</search><search>b</search>", ("search[a]", False, "several_blocks"), ("", False, "several_blocks")),
+    ("<answer>a</answer>\n<answer>b</answer>", ("answer[a]", False, "several_blocks"),
+     ("", False, "several_blocks")),
+    ("<search>  </search>", ("search[]", True, ""), ("", False, "empty_block")),
+    ("<answer></answer>", ("answer[]", True, ""), ("", False, "empty_block")),
+    (None, ("", False, "no_block"), ("", False, "no_block")), (12, ("", False, "no_block"), ("", False, "no_block")),
 ]
 
 
-@pytest.mark.parametrize("text, expected", TRUTH_TABLE)
-def test_parser_truth_table(text, expected):
-    assert S.parse_action(text, []) == expected
-    assert expected[2] in ("",) + S.REASONS
+@pytest.mark.parametrize("text, public, strict", TRUTH_TABLE)
+def test_parser_truth_table(text, public, strict):
+    assert S.parse_action(text, []) == public  # the module's rules: the defaults unless configure() changed them
+    assert S.parse_action(text, [], rules=S.PUBLIC_RULES) == public
+    assert S.parse_action(text, [], rules=STRICT) == strict
+    assert {public[2], strict[2]} <= {""} | set(S.REASONS)
+
+
+def test_each_protocol_flag_alone():
+    both = "<search>a</search><answer>b</answer>"
+    assert S.parse_action(both, [], rules={"invalid_step": "nothing"}) == ("", False, "both_kinds")
+    assert S.parse_action("<answer> </answer>", [], rules={"empty_block": "invalid"}) == ("answer[]", False,
+                                                                                          "empty_block")
+    assert S.parse_action("<think><answer> later</think><search>q</search>", [], rules={"stray_tags": "ignore"}) \
+        == ("search[q]", True, "")
+
+
+def test_configure_sets_the_rules_from_flags_and_refuses_what_changes_nothing():
+    p = argparse.ArgumentParser()
+    S.add_args(p)
+    p.add_argument("--invalid-rule", default="public")
+    p.add_argument("--invalid-fallback", default=None)
+    try:
+        S.configure(p.parse_args(["--search-invalid-step", "nothing", "--search-stray-tags", "ignore"]))
+        assert S.RULES == {"invalid_step": "nothing", "empty_block": "valid", "stray_tags": "ignore"}
+        assert S.parse_action("<search>a</search><search>b</search>", []) == ("", False, "several_blocks")
+        for argv, message in [(["--invalid-rule", "strict"], "--invalid-rule strict: the search env has no "
+                                                             "admissible-action list"),
+                              (["--invalid-fallback", "look"], "--invalid-fallback 'look': the search env runs only")]:
+            with pytest.raises(SystemExit, match=message):
+                S.configure(p.parse_args(argv))
+        S.configure(p.parse_args(["--invalid-fallback", "answer[unknown]"]))  # one the env can run: accepted
+    finally:
+        S.configure(None)
+    assert S.RULES == S.PUBLIC_RULES
 
 
 def test_action_to_execute_and_split():
     assert S.action_to_execute("x", "search[q]") == "search[q]"
     assert S.action_to_execute("x", "") == "invalid" and S.action_to_execute("x", "", "noop") == "noop"
     assert S.split_action("search[a [b]]") == ("search", "a [b]") and S.split_action("answer[x]") == ("answer", "x")
-    assert S.split_action("invalid") == (None, "") and S.split_action("search[ ]") == (None, "")
+    assert S.split_action("invalid") == (None, "") and S.split_action("search[ ]") == ("search", " ")
 
 
 @pytest.mark.parametrize("pred, gold, em", [
@@ -347,9 +533,13 @@ def test_action_to_execute_and_split():
     ("an apple", ["apple"], True), ("a  red   dwarf", ["red dwarf"], True), ("U.S.A.", ["USA"], True),
     ("Ovidius University", ["Ovidius University", "Ovidius"], True), ("Ovidius", ["Ovidius University"], False),
     ("theatre", ["atre"], False), ("Paris, France", ["Paris"], False), ("14 December 1972", ["December 1972"], False),
-    ("yes", ["no"], False), ("", ["x"], False), ("1,000", ["1000"], True), ("Anne", ["anne"], True)])
+    ("yes", ["no"], False), ("", ["x"], False), ("1,000", ["1000"], True), ("Anne", ["anne"], True),
+    # a gold that normalises to '' matches an answer that does too (the public em_check), nothing else
+    ("", ["The"], True), ("the", ["."], True), (" A ", ["An", "x"], True), ("Velmira", ["The"], False)])
 def test_exact_match_normalisation(pred, gold, em):
     assert S.exact_match(pred, gold) is em
+    if not S.normalize_answer(pred) and not any(S.normalize_answer(g) for g in gold if g != "x"):
+        assert S.exact_match(pred, gold, empty_gold="never") is False  # --search-empty-gold never
 
 
 def test_normalize_answer_is_squad():
@@ -484,7 +674,7 @@ def test_four_searches_end_with_zero(val_tasks):
 
 
 def test_invalid_turn_is_penalised(val_tasks):
-    bad = ["<think>thinking only</think>", "<search>a</search><answer>b</answer>"]
+    bad = ["<think>thinking only</think>", "<search>Romanian singer</search><answer>b</answer>"]
     ep = play(val_tasks[2], lambda ep: bad[len(ep["steps"])] if len(ep["steps"]) < 2 else S.expert_response(
         dict(ep, steps=ep["steps"][2:])))
     assert [s["valid"] for s in ep["steps"]] == [False, False, True, True]
@@ -492,6 +682,31 @@ def test_invalid_turn_is_penalised(val_tasks):
     assert ep["steps"][0]["executed"] == "invalid" and ep["steps"][0]["feedback"] == S.INVALID_FEEDBACK
     assert ep["success"] and ep["return"] == pytest.approx(1.0 - 2 * 0.01)
     assert [s["reward"] for s in ep["steps"]] == pytest.approx([-0.01, -0.01, 0.0, 1.0])
+    # the public rule: the invalid turn still ran its first block, the search, through the server
+    assert ep["steps"][1]["executed"] == "search[Romanian singer]" and ep["steps"][1]["feedback"].startswith("<information>Doc 1")
+
+
+def test_strict_rules_run_nothing_for_an_invalid_turn_and_empty_blocks(val_tasks):
+    try:
+        S.configure(argparse.Namespace(search_invalid_step="nothing", search_empty_block="invalid",
+                                       search_stray_tags="ignore"))
+        ep = play(val_tasks[2], lambda ep: ["<search>a</search><answer>b</answer>", "<answer> </answer>"][
+            len(ep["steps"])] if len(ep["steps"]) < 2 else "<answer>x</answer>")
+        assert [(s["executed"], s["feedback"]) for s in ep["steps"][:2]] == [("invalid", S.INVALID_FEEDBACK)] * 2
+        assert [s["invalid_reason"] for s in ep["steps"]] == ["both_kinds", "empty_block", ""]
+    finally:
+        S.configure(None)
+
+
+def test_empty_blocks_under_the_public_rules(val_tasks):
+    # an empty search is valid, sends nothing, shows no passage; an empty answer ends the episode, scored
+    ep = play(val_tasks[3], lambda ep: "<search> </search>" if not ep["steps"] else "<answer></answer>")
+    assert [(s["executed"], s["valid"]) for s in ep["steps"]] == [("search[]", True), ("answer[]", True)]
+    assert ep["steps"][0]["feedback"] == "<information>No passage matched the query.</information>"
+    assert ep["steps"][1]["done"] and not ep["success"]
+    empty_gold = dict(val_tasks[3], golden_answers=["The"])  # a gold that normalises to ''
+    assert play(empty_gold, lambda ep: "<answer>the</answer>")["success"]
+    assert not play(dict(empty_gold, empty_gold="never"), lambda ep: "<answer>the</answer>")["success"]
 
 
 def test_episode_length_follows_the_task_max_steps(val_tasks):
@@ -603,6 +818,13 @@ def test_data_manifest():
     assert manifest["stage1"]["count"] == 180 and manifest["rl_stream"]["count"] == 19200
     assert manifest["rl_stream"]["task_ids"][:180] == manifest["stage1"]["task_ids"]  # the same seeded passes
     assert manifest["test"]["questions"] == 28133 and any(line.startswith("test ") for line in lines)
+    # the six shipped test golds that normalise to '' (by hand: punctuation, or only articles/'a' left)
+    assert manifest["empty_golds"]["test"] == [
+        {"task_id": t, "gold": g} for t, g in [("nq/nq-0290", "---"), ("nq/nq-0363", ")"), ("nq/nq-1150", "A+"),
+                                               ("nq/nq-2720", "*"), ("hotpotqa/hotpotqa-3667", "The The"),
+                                               ("hotpotqa/hotpotqa-5470", "!!!")]]
+    assert manifest["empty_golds"]["train"] == manifest["empty_golds"]["val"] == []
+    assert any(line.startswith("empty golds : 6 gold answer(s)") for line in lines)
 
 
 def test_preset_and_flags():
@@ -636,6 +858,20 @@ def test_collect_expert_wins_end_to_end(real_server, tmp_path):
         assert answer["executed"] == f"answer[{ep['golden_answers'][0]}]" and answer["reward"] == 1.0
         assert search["prompt"].count("Question: ") == 1 and "[Step 1] <search> " in answer["prompt"]
     assert "hotpotqa" in res.stdout and "env failures 0" in res.stdout
+    # --split is honoured and the manifest records the split played (it used to play train, recording val)
+    val = tmp_path / "val.jsonl"
+    run_script(["collect.py", "--env", "search", "--model", "expert", "--tasks", "2", "--rollouts", "1", "--split",
+                "val", "--workers", "1", "--retriever-url", real_server, "--out", str(val)], timeout=300)
+    val_ids = {f"{q['data_source']}/{q['id']}" for q in S.split_questions("val", None)}
+    assert {ep["split"] for ep in read_jsonl(val)} == {"val"} and {ep["task_id"] for ep in read_jsonl(val)} <= val_ids
+    assert json.load(open(str(val) + ".manifest.json"))["split"] == "val"
+    res = run_script(["collect.py", "--env", "search", "--model", "expert", "--split", "valid_seen", "--out",
+                      str(tmp_path / "x.jsonl")], check=False, timeout=120)
+    assert res.returncode == 1 and res.stderr.strip() == ("--split 'valid_seen': the search env has the splits "
+                                                          "train, val, test")
+    res = run_script(["collect.py", "--env", "search", "--model", "expert", "--invalid-rule", "strict", "--out",
+                      str(tmp_path / "x.jsonl")], check=False, timeout=120)
+    assert res.returncode == 1 and res.stderr.strip().startswith("--invalid-rule strict: the search env has no")
     # an unreachable retriever: one line naming the URL, within seconds, before any episode
     dead = "http://127.0.0.1:9/retrieve"
     t0 = time.perf_counter()

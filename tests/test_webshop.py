@@ -699,3 +699,21 @@ def test_seed_rl_two_processes_match_one_process(synth, tmp_path):
     assert two["rollout/episodes"] == 4
     for k in ("loss/pg", "loss/kl", "loss/opd", "loss/total", "opd/gate_mean", "tokens/response", "grad_norm"):
         assert two[k] == pytest.approx(one[k], rel=1e-4, abs=1e-7), k
+
+
+def test_goal_option_text_is_the_pair_as_the_original_matches_it():
+    """The original matches a goal option as str((name, value)) (goal.py passes goal_options.items() to the fuzzy
+    matcher); for printable values that equals 'name value', for a non-printable one it does not (issue 29)."""
+    from envs.webshop.scoring import goal_option_text, option_matches, token_set_ratio
+    assert goal_option_text("size", "x-large") == "('size', 'x-large')"
+    assert goal_option_text("color", "black") == "black" and goal_option_text("size", "x-large") != "size x-large"
+    assert option_matches(["x-large"], {"size": "x-large"}) == 1
+    # U+200B (zero-width space, not printable): str() writes '\u200b', so the goal side has the word 'u200b'.
+    # By hand: bought 'extra large' vs goal 'size extra u200blarge' share only 'extra'; the token-set ratio is
+    # the largest of ratio('extra', 'extra large') = 2*5/16 = 62.5, ratio('extra', 'extra size u200blarge') =
+    # 2*5/26 = 38.5 and ratio('extra large', 'extra size u200blarge') = 2*(6+5)/32 = 68.75 (common: 'extra ' and
+    # 'large'): 69 < 85, no match. The words 'size extra large' matched (100).
+    value = "extra\u200blarge"
+    assert token_set_ratio(value, goal_option_text("size", value)) == 69
+    assert token_set_ratio(value, f"size {value}") == 100  # the earlier 'name value' reading
+    assert option_matches([value], {"size": value}) == 0

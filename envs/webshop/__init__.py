@@ -41,6 +41,7 @@ NAME = "webshop"
 ENV_DESCRIPTION = "an agent shopping on WebShop, a simulated e-commerce website driven by text actions"
 GROUPS = []
 TEST_GOALS = 500  # goals [0, 500) are the test pool, [500, ...) train
+SPLITS = ("train", "test")
 PRESET = {
     "max_steps": 15, "history": 2, "max_prompt_tokens": 4096, "max_new_tokens": 512, "invalid_penalty": 0.1,
     "tasks_per_update": 16, "group_size": 8, "mini_batch": 64, "micro_batch": 8, "kl_coef": 0.01, "lr": 1e-6,
@@ -113,8 +114,9 @@ def _draw(split, seed, n, args):
 
 
 def stage1_tasks(seed, n, args):
-    """Stage 1's collection set: n train goals (the paper: 180)."""
-    return _draw("train", seed, n, args)
+    """Stage 1's collection set: n goals (the paper: 180 train goals) of the train split, or of the split
+    args.split names (collect.py --split test)."""
+    return _draw(getattr(args, "split", None) or "train", seed, n, args)
 
 
 def rl_tasks(seed, n, args):

@@ -12,7 +12,8 @@
 
 Two details of the original are kept because the paper's numbers were measured with them:
 - the goal's options reach the option matcher as (name, value) pairs, so the goal side is compared as the
-  words 'name value' (e.g. 'size x-large'), and a colour goal is normalised only when the value IS a colour
+  words of str((name, value)) (e.g. "('size', 'x-large')", read as 'size x-large'; a non-printable
+  character in a value stays as its escape's letters, goal_option_text), and a colour goal is normalised only when the value IS a colour
   word. Token-set ratio is 100 whenever every word of one side is among the other's, so a bought 'large'
   matches the goal 'size: x-large' and a bought 'dark grey' (normalised to 'dark') the goal 'color: dark
   blue'. Exact here; lenient by design of the original.
@@ -81,12 +82,16 @@ def normalize_color(value):
 
 
 def goal_option_text(name, value):
-    """A goal option as the original's matcher sees the (name, value) pair: a colour word when either IS one
-    (tuple membership), else the words of both."""
+    """A goal option as the original's matcher sees the (name, value) pair (web_agent_site/engine/goal.py,
+    get_reward passes goal_options.items() to get_option_reward): a colour word when either IS one (tuple
+    membership in normalize_color), else the pair itself, which thefuzz's full_process turns into its
+    str(): "('size', 'x-large')". For printable values that reads as the words 'size x-large'; a value with a
+    non-printable character differs: str() writes it as an escape ('\\u200b', '\\n'), whose letters
+    become words of their own ('u200b', 'n'), where 'name value' would have dropped it."""
     for color in COLOR_SET:
         if color in (name, value):
             return color
-    return f"{name} {value}"
+    return str((name, value))
 
 
 # ----------------------------------------------------------------------------------------------------

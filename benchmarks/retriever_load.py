@@ -1,0 +1,169 @@
+"""Load test of the Search env's retriever server: many concurrent clients, both request shapes, errors counted.
+
+Starts `python -m envs.retriever` over the shipped corpus on 127.0.0.1 (a free port; nothing else is ever
+targeted), once per --backlogs value, and sends --requests requests from --clients threads. Each client keeps
+one HTTP/1.1 connection and opens a new one every --per-connection requests (so the listen queue also sees
+bursts of connects, which is where a small backlog resets connections). Requests alternate between the two
+shapes of the wild, {"query": q} and {"queries": [q]}, each one hotpotqa500 question with topk 3 and
+return_scores true. There are no retries: any exception, non-200 answer or answer without one result list per
+query is an error, and counted. Latency is the client's (request sent to answer parsed).
+
+    OMP_NUM_THREADS=1 python benchmarks/retriever_load.py                     # 64 clients, 10,000 requests
+    OMP_NUM_THREADS=1 python benchmarks/retriever_load.py --backlogs 128,5    # beside the old default of 5
+
+Bounded: at most --requests per row, and each row stops sending after --max-seconds (the row then says so).
+Exits 1 when a row had an error. Not a test (pytest does not collect it); the numbers depend on the machine and its load (printed with them).
+"""
+import argparse
+import http.client
+import json
+import lzma
+import os
+import re
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from envs.search import default_data_dir  # noqa: E402
+
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument("--data", default=default_data_dir(), help="folder with corpus.jsonl.xz and hotpotqa500.jsonl.xz")
+p.add_argument("--clients", type=int, default=64, help="concurrent client threads")
+p.add_argument("--requests", type=int, default=10_000, help="requests per row, shared by the clients")
+p.add_argument("--per-connection", type=int, default=20, help="requests per connection before a client reconnects")
+p.add_argument("--backlogs", default="128", help="comma-separated server --backlog values, one row each")
+p.add_argument("--timeout", type=float, default=30.0, help="client socket timeout per request, seconds")
+p.add_argument("--max-seconds", type=float, default=300.0, help="a row stops sending after this many seconds")
+p.add_argument("--out", default=None, help="also write the table and the command to this markdown file")
+args = p.parse_args()
+for name in ("clients", "requests", "per_connection"):
+    if getattr(args, name) < 1:
+        p.error(f"--{name.replace('_', '-')} must be 1 or more")
+
+with lzma.open(os.path.join(args.data, "hotpotqa500.jsonl.xz"), "rt") as f:
+    questions = [json.loads(line)["question"] for line in f]
+CORPUS = os.path.join(args.data, "corpus.jsonl.xz")
+
+
+def start(backlog, workdir):
+    """The server on a free loopback port with this backlog; returns (process, port)."""
+    proc = subprocess.Popen([sys.executable, "-m", "envs.retriever", "--corpus", CORPUS, "--host", "127.0.0.1",
+                             "--port", "0", "--backlog", str(backlog), "--cache-dir", os.path.join(workdir, "cache"),
+                             "--log-file", os.path.join(workdir, "server.log")],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    t0 = time.monotonic()
+    while proc.poll() is None and time.monotonic() - t0 < 300:
+        if select.select([proc.stdout], [], [], 1.0)[0]:
+            m = re.search(r"at http://127\.0\.0\.1:(\d+)/retrieve", proc.stdout.readline())
+            if m:
+                return proc, int(m.group(1))
+    proc.kill()
+    raise SystemExit("the retriever did not start")
+
+
+def run_row(port):
+    """Send the requests; returns (sorted latencies in ms, error counts by kind, wall seconds, requests sent)."""
+    lock, latencies, errors = threading.Lock(), [], {}
+    counter = iter(range(args.requests))
+    deadline = time.monotonic() + args.max_seconds
+
+    def note_error(kind):
+        with lock:
+            errors[kind] = errors.get(kind, 0) + 1
+
+    def client():
+        conn, used = None, 0
+        while time.monotonic() < deadline:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                break
+            if conn is None or used >= args.per_connection:
+                if conn is not None:
+                    conn.close()
+                conn, used = http.client.HTTPConnection("127.0.0.1", port, timeout=args.timeout), 0
+            q = questions[i % len(questions)]
+            body = {"query": q} if i % 2 else {"queries": [q]}
+            body.update(topk=3, return_scores=True)
+            data = json.dumps(body).encode()
+            t0 = time.perf_counter()
+            try:
+                conn.request("POST", "/retrieve", body=data, headers={"Content-Type": "application/json"})
+                r = conn.getresponse()
+                answer = r.read()
+                used += 1
+                if r.status != 200:
+                    note_error(f"HTTP {r.status}")
+                    conn.close()
+                    conn = None
+                    continue
+                result = json.loads(answer)["result"]
+                if len(result) != 1 or not isinstance(result[0], list):
+                    note_error("malformed answer")
+                    continue
+            except (OSError, http.client.HTTPException, ValueError, KeyError) as e:
+                note_error(type(e).__name__)
+                conn.close()
+                conn = None
+                continue
+            with lock:
+                latencies.append(1000 * (time.perf_counter() - t0))
+        if conn is not None:
+            conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(args.clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return sorted(latencies), errors, wall, len(latencies) + sum(errors.values())
+
+
+def pct(lat, q):
+    return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
+
+
+load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+print(f"machine: {os.cpu_count()} CPU cores, load average {load}; {args.clients} clients, {args.requests} requests "
+      f"per row, a new connection every {args.per_connection} requests per client", flush=True)
+rows = []
+with tempfile.TemporaryDirectory(prefix="retriever_load_") as tmp:
+    for backlog in [int(x) for x in args.backlogs.split(",")]:
+        work = tempfile.mkdtemp(dir=tmp)
+        proc, port = start(backlog, work)
+        try:
+            lat, errors, wall, sent = run_row(port)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        row = dict(backlog=backlog, sent=sent, ok=len(lat), errors=sum(errors.values()), kinds=errors,
+                   qps=len(lat) / wall, p50=pct(lat, 0.50), p99=pct(lat, 0.99), max=lat[-1] if lat else float("nan"),
+                   wall=wall, cut=sent < args.requests)
+        rows.append(row)
+        print(f"backlog {backlog:>4}: {sent} sent, {row['ok']} ok, {row['errors']} errors {errors or ''}, "
+              f"{row['qps']:.0f} req/s, p50 {row['p50']:.1f} ms, p99 {row['p99']:.1f} ms, max {row['max']:.0f} ms"
+              + (f" (stopped at --max-seconds {args.max_seconds:g})" if row["cut"] else ""), flush=True)
+
+table = ["| server --backlog | clients | requests | errors | requests/s | p50 ms | p99 ms | max ms |",
+         "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+table += [f"| {r['backlog']} | {args.clients} | {r['sent']:,}{' (cut)' if r['cut'] else ''} | {r['errors']}"
+          f"{' ' + json.dumps(r['kinds']) if r['kinds'] else ''} | {r['qps']:.0f} | {r['p50']:.1f} | {r['p99']:.1f} | "
+          f"{r['max']:.0f} |" for r in rows]
+print("\n".join(table))
+if args.out:
+    with open(args.out, "w") as f:
+        f.write(f"# Retriever load test\n\nCommand (from the repository root):\n\n"
+                f"    OMP_NUM_THREADS=1 python benchmarks/retriever_load.py {' '.join(sys.argv[1:])}\n\n"
+                f"Machine: {os.cpu_count()} CPU cores (shared), load average at start {load}. {args.clients} client "
+                f"threads, one keep-alive connection each, renewed every {args.per_connection} requests; the two "
+                f"request shapes alternate; one hotpotqa500 question per request, topk 3; no retries.\n\n"
+                + "\n".join(table) + "\n")
+sys.exit(1 if any(r["errors"] for r in rows) else 0)
