@@ -252,7 +252,7 @@ def project_step(mini, packed, **kw):
         seqs = [(ids[i], *lengths[i]) for i in micro]
         lp, batch, sel = micro_batch_logprobs(model, seqs, device, packed)
         m = sel.float()
-        loss, _ = seed_loss(lp, lp.detach(), lp.detach(), lp.detach() + 0.1, m * 0.5, m, m, n_tok, n_tok)
+        loss = seed_loss(lp, lp.detach(), lp.detach(), lp.detach() + 0.1, m * 0.5, m, m, n_tok, n_tok)["loss"]
         loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()

@@ -149,7 +149,7 @@ def project_step(clip=True):
     lp = model.token_logprobs(batch["input_ids"], batch["targets"], sel, attention_mask=batch.get("attention_mask"),
                               chunk_size=chunk)
     m = sel.float()
-    loss, _ = seed_loss(lp, lp.detach(), lp.detach(), lp.detach() + 0.1, zeros + 0.5, m, m, float(m.sum()), float(m.sum()))
+    loss = seed_loss(lp, lp.detach(), lp.detach(), lp.detach() + 0.1, zeros + 0.5, m, m, float(m.sum()), float(m.sum()))["loss"]
     loss.backward()
     if clip:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

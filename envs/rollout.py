@@ -385,6 +385,14 @@ def add_rollout_args(group, paper, temperature_help="sampling temperature"):
                        "inadmissible action is invalid too (the stricter ablation)")
 
 
+def rollout_kwargs(args):
+    """play_episodes' keyword arguments from the flags of add_rollout_args."""
+    return dict(max_steps=args.max_steps, history=args.history, max_prompt_tokens=args.max_prompt_tokens,
+                max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
+                invalid_rule=args.invalid_rule)
+
+
 def play_into_jsonl(env, todo, policy, tokenizer, args, path, done_before, planned):
     """collect.py's and evaluate.py's play phase: up to args.batch_episodes episodes of `todo` at once, each
     appended to the JSONL at `path` the moment it ends (the bar moves per episode). On Ctrl-C: one line (how many
@@ -407,11 +415,8 @@ def play_into_jsonl(env, todo, policy, tokenizer, args, path, done_before, plann
 
     try:
         with EnvPool(f"envs.{env.NAME}:make_game", num_workers=min(args.workers, len(todo))) as pool:
-            _, timings = play_episodes(env, todo, pool, policy, tokenizer, max_steps=args.max_steps,
-                                       history=args.history, max_prompt_tokens=args.max_prompt_tokens,
-                                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                       invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
-                                       invalid_rule=args.invalid_rule, max_live=args.batch_episodes, on_episode=save)
+            _, timings = play_episodes(env, todo, pool, policy, tokenizer, **rollout_kwargs(args),
+                                       max_live=args.batch_episodes, on_episode=save)
             stats = dict(pool.stats)
     except KeyboardInterrupt:  # the env workers ignore Ctrl-C; the pool ends them
         bar.close()

@@ -178,8 +178,8 @@ def seed_rl_loss_and_grads(model, seqs, extras, packed, **plan):
         mask = sel.float() if micro else torch.zeros_like(sel, dtype=torch.float32)
         per_tok = lambda key: seed_rl.dense([e[key] for _, e in micro], sel) if micro else torch.zeros_like(mask)
         full = lambda key: seed_rl.dense([torch.full((r,), e[key]) for (_, _, r), e in micro], sel) if micro else mask
-        loss, _ = seed_rl.seed_loss(lp, per_tok("old"), per_tok("ref"), per_tok("teacher"), full("adv"), mask,
-                                    full("tmask"), n_tok, n_teach)
+        loss = seed_rl.seed_loss(lp, per_tok("old"), per_tok("ref"), per_tok("teacher"), full("adv"), mask,
+                                 full("tmask"), n_tok, n_teach)["loss"]
         loss.backward()
         total += float(loss.detach())
     return total, {n: p.grad.clone() for n, p in model.named_parameters()}

@@ -57,7 +57,8 @@ def _loss(lp, old, ref, teacher, adv, mask=None, tmask=None, **kw):
     mask = t(mask if mask is not None else [1.0] * len(lp))
     tmask = t(tmask if tmask is not None else [1.0] * len(lp))
     n, nt = float(mask.sum()), float((mask * tmask).sum())
-    loss, sums = seed_loss(lp, t(old), t(ref), t(teacher), t(adv), mask, tmask, n, nt, **kw)
+    sums = seed_loss(lp, t(old), t(ref), t(teacher), t(adv), mask, tmask, n, nt, **kw)
+    loss = sums.pop("loss")
     loss.backward()
     return loss.item(), lp.grad.tolist(), {k: float(v) for k, v in sums.items()}
 
@@ -151,20 +152,20 @@ def test_gradcheck_full_loss():
     adv, mask = torch.randn(n, dtype=torch.float64), torch.tensor([1, 1, 0, 1, 1, 1, 0], dtype=torch.float64)
     tmask = torch.tensor([1, 0, 1, 1, 0, 1, 1], dtype=torch.float64)
     # PPO + KL: the analytic gradient equals the numerical one
-    f = lambda x: seed_loss(x, old, ref, teacher, adv, mask, tmask, 5.0, 3.0, kl_coef=0.3, opd_coef=0.0)[0]
+    f = lambda x: seed_loss(x, old, ref, teacher, adv, mask, tmask, 5.0, 3.0, kl_coef=0.3, opd_coef=0.0)["loss"]
     assert torch.autograd.gradcheck(f, (lp0.clone().requires_grad_(),))
     # + OPD: the gate is a stop-gradient weight, so the gradient is that of the surrogate in which the
     # gate is frozen at the current log-probs: sum(g0 * (teacher - lp) * mt) / n_teacher
     g0 = torch.sigmoid(5.0 * (teacher - lp0))
     frozen = lambda x: f(x) + 0.5 * (g0 * (teacher - x) * mask * tmask).sum() / 3.0
     lp = lp0.clone().requires_grad_()
-    seed_loss(lp, old, ref, teacher, adv, mask, tmask, 5.0, 3.0, kl_coef=0.3, opd_coef=0.5)[0].backward()
+    seed_loss(lp, old, ref, teacher, adv, mask, tmask, 5.0, 3.0, kl_coef=0.3, opd_coef=0.5)["loss"].backward()
     x = lp0.clone().requires_grad_()
     frozen(x).backward()
     assert torch.allclose(lp.grad, x.grad, atol=1e-12)
     assert torch.autograd.gradcheck(frozen, (lp0.clone().requires_grad_(),))
     # and the value at lp0 is the same
-    assert seed_loss(lp0, old, ref, teacher, adv, mask, tmask, 5.0, 3.0, kl_coef=0.3, opd_coef=0.5)[0].item() == \
+    assert seed_loss(lp0, old, ref, teacher, adv, mask, tmask, 5.0, 3.0, kl_coef=0.3, opd_coef=0.5)["loss"].item() == \
         pytest.approx(frozen(lp0).item())
 
 
@@ -242,8 +243,8 @@ def test_opd_moves_plain_policy_toward_skill_context(tokenizer):
         with torch.no_grad():
             teacher, old = lp(skill, a), lp(plain, a)
         cur = lp(plain, a)
-        loss, _ = seed_loss(cur, old, old, teacher, 0 * ones, ones, ones, len(a), len(a),
-                            kl_coef=0.0, opd_coef=1.0)  # GRPO off: advantages 0; no KL
+        loss = seed_loss(cur, old, old, teacher, 0 * ones, ones, ones, len(a), len(a),
+                         kl_coef=0.0, opd_coef=1.0)["loss"]  # GRPO off: advantages 0; no KL
         opt.zero_grad(), loss.backward(), opt.step()
     with torch.no_grad():
         plain1, gap1 = lp(plain, a).sum().item(), (lp(skill, a) - lp(plain, a)).sum().item()
