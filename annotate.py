@@ -64,7 +64,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from tqdm import tqdm
 
 from envs import ENVS, HelpFormatter, require_positive
-from envs.records import (append_jsonl, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
+from common.records import (append_jsonl, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
                           run_manifest, sha256_file, write_manifest)
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis, target_json
 
@@ -79,7 +79,7 @@ p.add_argument("--trajectories", nargs="+", help="collect.py output file(s)")
 p.add_argument("--out", help="annotation JSONL (append-only)")
 p.add_argument("--analyzer", default="openai", choices=["openai", "local", "scripted"], help="openai: an OpenAI-"
                "compatible endpoint (--base-url); local: a model run here through the project's backends (--backend); "
-               "scripted: no model, a rule-based stand-in (envs/backends.py ScriptedAnalyzer: a success -> the action "
+               "scripted: no model, a rule-based stand-in (common/backends.py ScriptedAnalyzer: a success -> the action "
                "order that worked, a failure -> a fixed avoidance rule; --model names only the tokenizer, e.g. tiny), "
                "for CPU demos and the behaviour-cloning warm start's skill examples")
 p.add_argument("--model", help="endpoint model name | local HF path or hub id | tiny")
@@ -457,14 +457,14 @@ def annotate_local(batch, backend, tokenizer):
 # analyzer's answers; each record is appended as soon as it is final
 tokenizer = backend = None
 if args.analyzer == "scripted":
-    from envs.backends import ScriptedAnalyzer
-    from envs.models import load_tokenizer
+    from common.backends import ScriptedAnalyzer
+    from common.models import load_tokenizer
     tokenizer = load_tokenizer(args.model)
     backend = ScriptedAnalyzer(tokenizer)
 elif args.analyzer == "local":
     import torch
-    from envs.backends import HFBackend, VLLMBackend
-    from envs.models import load_model, load_tokenizer
+    from common.backends import HFBackend, VLLMBackend
+    from common.models import load_model, load_tokenizer
     tokenizer = load_tokenizer(args.model)
     if args.backend == "vllm" and todo:
         # Before the manifest: it queries the GPUs, which initializes CUDA in this process, and vLLM then

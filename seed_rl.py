@@ -48,15 +48,15 @@ import torch
 import torch.distributed as dist
 
 from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive
-from envs.backends import HFBackend, ScriptedAnalyzer, VLLMBackend
-from envs.models import attn_implementation, load_model, load_tokenizer
+from common.backends import HFBackend, ScriptedAnalyzer, VLLMBackend
+from common.models import attn_implementation, load_model, load_tokenizer
 from envs.pool import EnvPool
-from envs.records import (append_jsonl, args_diff, check_resume, games_sha256, open_jsonl_for_append, read_jsonl,
+from common.records import (append_jsonl, args_diff, check_resume, games_sha256, open_jsonl_for_append, read_jsonl,
                           resumed_manifest, run_manifest, write_manifest)
-from envs.rollout import add_rollout_args, play_episodes, rollout_kwargs, step_prompt
-from envs.training import (adamw_impl, full_params, gather_response, init_distributed, latest_checkpoint, make_batch,
-                           packed_attention, print0, response_select, save_checkpoint_dir, save_hf_checkpoint,
-                           shard_model)
+from common.rollout import add_rollout_args, play_episodes, rollout_kwargs, step_prompt
+from common.checkpoints import latest_checkpoint, save_checkpoint_dir, save_hf_checkpoint
+from common.packing import gather_response, make_batch, packed_attention, response_select
+from common.training import adamw_impl, full_params, init_distributed, print0, shard_model
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis
 
 # ====================================================================================================
@@ -355,7 +355,7 @@ def parse_args():
                    help="token budget per forward (per rank) instead of --micro-batch samples: packed tokens, or "
                         "rows x longest when padded; 0 = off")
     g.add_argument("--packing", default="auto",
-                   help="padding-free micro-batches (envs/training.py packed_attention). auto: on GPU (flash-attn "
+                   help="padding-free micro-batches (common/packing.py packed_attention). auto: on GPU (flash-attn "
                         "if installed, else PyTorch's varlen flash kernel, else FlexAttention), padded on CPU; on; "
                         "off; or an attention name (seed_varlen, flex_attention, flash_attention_2)")
     g.add_argument("--clip-eps", type=float, default=paper["clip_eps"], help="PPO clip range")
@@ -782,7 +782,7 @@ def dump_examples(f, update, samples, episodes, skills, tokenizer, n):
 # Resume and checkpoints
 
 def check_resumed_stream(old_manifest, stream, env, args):
-    """A resumed run may change --updates (envs/records.py RESUME_MAY_CHANGE), so its task stream may be longer
+    """A resumed run may change --updates (common/records.py RESUME_MAY_CHANGE), so its task stream may be longer
     or shorter; the updates both runs play must still get the same tasks, and the lr warm-up (a fraction of
     --updates) must keep its length."""
     old_args = old_manifest["args"]
@@ -836,7 +836,7 @@ def save_checkpoint(policy, optimizer, tokenizer, args, update, metrics, rank):
     index). Each is written under a temporary name and renamed into place, so neither is ever half written;
     the trainer state last, so a kill before it is complete resumes from the previous update, which plays
     this one again and rewrites its HF folder. The trainer state keeps a complete checkpoint at every instant
-    (envs/training.py save_checkpoint_dir)."""
+    (common/checkpoints.py save_checkpoint_dir)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     hf = os.path.join(args.out, "hf", "final" if update == args.updates else f"update_{update:04d}")

@@ -53,12 +53,13 @@ from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from envs import HelpFormatter, add_env_arg, env_from_argv, load_env, require_positive
-from envs.models import load_model, load_tokenizer
-from envs.records import (append_jsonl, args_diff, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
+from common.models import load_model, load_tokenizer
+from common.records import (append_jsonl, args_diff, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
                           run_manifest, sha256_file, write_manifest)
-from envs.rollout import step_prompt
-from envs.training import (adamw_impl, init_distributed, latest_checkpoint, make_batch, packed_attention, print0,
-                           response_select, save_checkpoint_dir, save_hf_checkpoint, shard_model)
+from common.rollout import step_prompt
+from common.checkpoints import latest_checkpoint, save_checkpoint_dir, save_hf_checkpoint
+from common.packing import make_batch, packed_attention, response_select
+from common.training import adamw_impl, init_distributed, print0, shard_model
 from prompts.chat import sft_example
 
 def data_env(argv):
@@ -108,7 +109,7 @@ p.add_argument("--warmup-ratio", type=float, default=0.1,
 p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
 p.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
 p.add_argument("--packing", default="auto", choices=["auto", "on", "off"],
-               help="padding-free micro-batches (envs/training.py packed_attention); auto = on GPU (flash-attn, "
+               help="padding-free micro-batches (common/packing.py packed_attention); auto = on GPU (flash-attn, "
                "else PyTorch's varlen flash kernel, else FlexAttention), padded on CPU")
 p.add_argument("--activation-checkpointing", action="store_true",
                help="recompute each decoder layer in backward (less memory)")
@@ -130,7 +131,7 @@ print0(f"sft: world size {world}, device {device.type}\nconfig: {json.dumps(vars
        f"diff vs paper: {json.dumps(args_diff(args, PAPER)) if args_diff(args, PAPER) else 'none'}")
 
 # ---------------------------------------------------------------------------------------------------
-# Resume: refuse other settings (envs/records.py: the flags that may change), then the last complete trainer
+# Resume: refuse other settings (common/records.py: the flags that may change), then the last complete trainer
 # checkpoint in <out>/trainer (or trainer.old, if a kill hit the swap of the two)
 data_files = ([args.data] if args.data else []) + args.bc_data
 if not data_files:
@@ -268,7 +269,7 @@ print0(f"model: {args.model}, {sum(p.numel() for p in model.parameters()) / 1e6:
 
 def save_trainer(state):
     """Model + optimizer shards (every rank writes its own) and the position in the data. A complete
-    checkpoint exists at every instant (envs/training.py save_checkpoint_dir: a temporary folder, completed by
+    checkpoint exists at every instant (common/checkpoints.py save_checkpoint_dir: a temporary folder, completed by
     its trainer_state.json, swapped in by two renames)."""
     global saved_at
     saved_at = state["step"]

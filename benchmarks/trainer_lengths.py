@@ -44,8 +44,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.models import model_config  # noqa: E402
-from envs.training import adamw_impl, init_distributed, make_batch, packed_attention, shard_model  # noqa: E402
+from common.models import model_config  # noqa: E402
+from common.packing import make_batch, packed_attention  # noqa: E402
+from common.training import adamw_impl, init_distributed, shard_model  # noqa: E402
 from seed_rl import micro_batch_logprobs, plan_micro_batches, seed_loss  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -29,8 +29,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.models import model_config  # noqa: E402
-from envs.training import _TokenLogprob, adamw_impl, init_distributed, response_select, shard_model, make_batch  # noqa: E402
+from common.models import model_config  # noqa: E402
+from common.packing import response_select, make_batch  # noqa: E402
+from common.training import _TokenLogprob, adamw_impl, init_distributed, shard_model  # noqa: E402
 from seed_rl import seed_loss  # noqa: E402
 
 p = argparse.ArgumentParser()

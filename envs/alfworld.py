@@ -73,7 +73,7 @@ def data_dir():
     if explicit:
         sys.exit(f"ALFWorld games not found: $ALFWORLD_DATA={d} has no json_2.1.1/. Unset ALFWORLD_DATA to use "
                  f"{DATA_HOME}, or fill this folder: `alfworld-download --data-dir {d}`")
-    from envs.models import shared_dir
+    from common.models import shared_dir
     archive = os.path.join(shared_dir(), "alfworld", "alfworld-data.tar.xz")
     if not os.path.isfile(archive):
         sys.exit(f"ALFWorld games not found in {d}. Get them with `alfworld-download` (internet; it writes "
@@ -349,7 +349,7 @@ def episode_stats(episode):
 def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
     """The preset's data: the Stage 1 task set and the RL task stream, per type, with checks against the
     paper's Table 3 (as SPEC.md states it). Returns (printable lines, checks {name: ok}, manifest dict)."""
-    from envs.records import games_summary
+    from common.records import games_summary
     stage1, stream = stage1_tasks(seed, stage1_n), rl_tasks(seed, tasks_per_update * updates)
     s1, rl = games_summary(stage1), games_summary(stream)
     rollouts = PRESET["rollouts"]

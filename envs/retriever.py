@@ -35,7 +35,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from envs.records import sha256_file
+from common.records import sha256_file
 
 # bm25s uses JAX for its top-k when JAX is installed, and JAX then takes 75% of the GPU's memory at import (seen
 # on the H200: a vLLM engine on the same GPU found 34 of 140 GiB free). BM25 runs on the CPU here.

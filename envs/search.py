@@ -60,7 +60,7 @@ SPLITS = ("train", "val", "test")
 
 
 def default_data_dir():
-    """$SEARCH_DATA, else ../shared/search beside the checkout (resolved without importing envs.backends,
+    """$SEARCH_DATA, else ../shared/search beside the checkout (resolved without importing common.backends,
     which imports torch: pool workers load this module and should start fast)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.environ.get("SEARCH_DATA") or os.path.join(os.environ.get("SHARED", os.path.join(
@@ -308,7 +308,7 @@ def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
     """The preset's data (evaluate.py --data-manifest): the Stage 1 set, the RL stream and the val/test
     questions per data source, with checks. Returns (printable lines, checks {name: ok}, manifest dict).
     Needs no retriever."""
-    from envs.records import games_summary
+    from common.records import games_summary
     stage1, stream = _train_tasks(seed, stage1_n, args), _train_tasks(seed, tasks_per_update * updates, args)
     train, val, test = (split_questions(s, args) for s in ("train", "val", "test"))
     s1, rl = games_summary(stage1), games_summary(stream)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import REPO, run_script
-from envs.records import read_jsonl
+from common.records import read_jsonl
 from openai_fake import FakeOpenAI, Reply, good_answer
 from prompts import build_analysis_prompt, target_json
 

@@ -1,14 +1,15 @@
 """Packed (padding-free) micro-batches against padded ones, on CPU with the tiny model and real Qwen2.5 token
 ids: the same response log-probs and parameter gradients, no attention across the sequences of a pack, and
-seed_rl.py's loss the same whatever the layout or the micro-batch split (envs/training.py, seed_rl.py)."""
+seed_rl.py's loss the same whatever the layout or the micro-batch split (common/training.py, seed_rl.py)."""
 import types
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from envs.models import load_model
-from envs.training import _token_logprobs, gather_response, make_batch, packed_attention, response_select
+from common.models import load_model
+from common.packing import gather_response, make_batch, packed_attention, response_select
+from common.training import _token_logprobs
 
 CPU = torch.device("cpu")
 RTOL = 1e-5  # fp32 on CPU: the layouts differ only in summation order

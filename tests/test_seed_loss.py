@@ -173,9 +173,9 @@ def test_gradcheck_full_loss():
 # Dual-context scoring: the same response tokens in both contexts, with the real tokenizer
 
 def test_plain_and_skill_contexts_score_the_same_tokens(tokenizer, expert_trajectories):
-    from envs.records import read_jsonl
-    from envs.rollout import step_prompt
-    from envs.training import make_batch, response_select
+    from common.records import read_jsonl
+    from common.rollout import step_prompt
+    from common.packing import make_batch, response_select
     from prompts import SKILL_TITLE, chat_prompt
     ep = read_jsonl(expert_trajectories)[0]
     skill = "First find the object, then take it to the target receptacle and put it there."
@@ -211,7 +211,7 @@ def test_plain_and_skill_contexts_score_the_same_tokens(tokenizer, expert_trajec
 # log-prob under the plain prompt and shrinks the gap.
 
 def test_opd_moves_plain_policy_toward_skill_context(tokenizer):
-    from envs.models import load_model
+    from common.models import load_model
     from prompts import chat_prompt, skill_block
     torch.manual_seed(0)
     model = load_model("tiny", seed=3)
@@ -253,11 +253,11 @@ def test_opd_moves_plain_policy_toward_skill_context(tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Log-probs of given tokens through the chunked LM head (envs/training.py): same values and gradients as
+# Log-probs of given tokens through the chunked LM head (common/training.py): same values and gradients as
 # the full-logits computation, without a [tokens, vocab] block
 
 def test_chunked_token_logprob_gradcheck():
-    from envs.training import _TokenLogprob
+    from common.training import _TokenLogprob
     torch.manual_seed(0)
     h = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
     w = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
@@ -272,7 +272,7 @@ def test_chunked_token_logprob_bf16_gradients_of_confident_tokens():
     """In bf16 (the GPU compute dtype) the gradients stay within bf16 rounding of the exact ones for the same
     bf16 logits, also for the rows of tokens the model is sure of (0.99 < p < 0.9999, where p rounds to 1.0
     in bf16: 1 - p must come from the fp32 log-prob, or those rows' gradients are wrong by over 100%)."""
-    from envs.training import _TokenLogprob
+    from common.training import _TokenLogprob
     torch.manual_seed(0)
     n, d, v = 64, 16, 64
     w = torch.randn(v, d).bfloat16()
@@ -297,8 +297,9 @@ def test_chunked_token_logprob_bf16_gradients_of_confident_tokens():
 
 
 def test_token_logprobs_match_full_logits_values_and_parameter_grads():
-    from envs.models import load_model
-    from envs.training import _token_logprobs, make_batch, response_select
+    from common.models import load_model
+    from common.packing import make_batch, response_select
+    from common.training import _token_logprobs
     model = load_model("tiny", seed=1)
     seqs = [[5, 17, 99, 3, 42, 8, 8, 1000], [7, 7, 300, 12, 4]]
     spans = [(3, 4), (2, 2)]

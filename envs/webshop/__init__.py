@@ -29,7 +29,7 @@ import os
 import random
 import re
 
-from envs.records import sha256_file
+from common.records import sha256_file
 from envs.webshop.data import DataError, load_catalog
 from envs.webshop.scoring import noun_tagger_name, spacy_model
 from envs.webshop.search import engine_for
@@ -139,7 +139,7 @@ def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
     sha256 of the goals themselves: asin, options, price bound, text), the Stage 1 set and the RL stream,
     with checks against SPEC.md. args: the parsed flags (--webshop-data), else $WEBSHOP_DATA.
     Returns (printable lines, checks {name: ok}, manifest dict)."""
-    from envs.records import games_summary
+    from common.records import games_summary
     cat = load_catalog(_dirs(args)[0])
     stage1, stream = stage1_tasks(seed, stage1_n, args), rl_tasks(seed, tasks_per_update * updates, args)
     s1, rl = games_summary(stage1), games_summary(stream)

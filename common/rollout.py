@@ -95,7 +95,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
     step -> prompt ...), and moves on as soon as its own response or env answer is in.
 
     env: the env module; specs: one task dict per episode (its task fields plus group, rollout, seed, uid);
-    pool: an EnvPool (at least min(len(specs), max_live) slots are used); policy: a backend (envs/backends.py).
+    pool: an EnvPool (at least min(len(specs), max_live) slots are used); policy: a backend (common/backends.py).
     max_live: episodes in play at once (default: all); a new one starts the moment one ends.
     lockstep: the old schedule, kept for comparison (benchmarks/rollout_async.py): episodes start in batches of
       max_live, every live episode generates, then every env steps, turn after turn; analyses start when the
@@ -400,7 +400,7 @@ def play_into_jsonl(env, todo, policy, tokenizer, args, path, done_before, plann
     import sys
     from tqdm import tqdm
     from envs.pool import EnvPool
-    from envs.records import append_jsonl, interrupted_message, open_jsonl_for_append
+    from common.records import append_jsonl, interrupted_message, open_jsonl_for_append
     stats = {"steps": 0, "env_failures": 0, "workers_replaced": 0}
     if not todo:
         return {}, stats

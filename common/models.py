@@ -109,7 +109,7 @@ def attn_implementation(device):
 def load_model(model, *, dtype=torch.float32, device="cpu", seed=0, attn=None):
     """`tiny` -> a random tiny Qwen2 (seeded); otherwise from_pretrained(path or hub id). attn: the attention
     implementation (default: `attn_implementation`; the tiny model: sdpa); trainers pass the packed one
-    (envs/training.py `packed_attention`)."""
+    (common/packing.py `packed_attention`)."""
     from transformers import AutoModelForCausalLM
     device = torch.device(device)
     if model == "tiny":

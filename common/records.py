@@ -163,7 +163,7 @@ def model_info(model):
     slow; the revision or the producing run's manifest pins them)."""
     if model in (None, "tiny", "expert", "scripted"):
         if model == "tiny":
-            from envs.models import tiny_config
+            from common.models import tiny_config
             return {"model": "tiny", "config_sha256": sha256_text(tiny_config().to_json_string(use_diff=False))}
         return {"model": model}
     local = os.path.isdir(model)

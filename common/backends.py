@@ -1,4 +1,4 @@
-"""Generation backends behind one small interface (model and tokenizer loading: envs/models.py).
+"""Generation backends behind one small interface (model and tokenizer loading: common/models.py).
 
     backend.submit(req_id, prompt_ids, max_new_tokens=..., temperature=..., seed=None, want_logprobs=None,
                    context=None)      queue one request; returns at once
@@ -6,7 +6,7 @@
     backend.generate(prompts, max_new_tokens=..., temperature=..., contexts=None, seeds=None,
                      want_logprobs=None) -> [Generation]   one batch, in order (submit all, poll until done)
 
-The rollout loop (envs/rollout.py) submits each episode's request the moment its prompt is ready and polls;
+The rollout loop (common/rollout.py) submits each episode's request the moment its prompt is ready and polls;
 vLLM batches whatever is in flight token by token, so a long response holds up no other episode. prompts are
 lists of token ids (already chat-templated); a seed (one int per request) makes each sample depend only on
 its own seed, not on which other requests share the engine or the batch, so a run is reproducible whatever
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from envs.models import stop_token_ids
+from common.models import stop_token_ids
 
 
 
