@@ -112,11 +112,10 @@ def cell(x, digits=1):
 # Evaluation. Plan: the deterministic list of episodes, minus those already written.
 if not args.model or not args.out:
     sys.exit("evaluation needs --model and --out (or use --report / --data-manifest)")
-import torch  # noqa: E402  (here: --report and --data-manifest run without torch)
 
-from common.backends import ExpertPolicy, HFBackend, VLLMBackend  # noqa: E402
+from common.backends import make_policy  # noqa: E402
 
-from common.models import load_model, load_tokenizer  # noqa: E402
+from common.models import load_tokenizer  # noqa: E402
 from common.stats import mean_ci  # noqa: E402
 from common.rollout import format_summary, play_into_jsonl, summarize_episodes  # noqa: E402
 
@@ -159,16 +158,10 @@ print(f"evaluate {env.NAME}: {', '.join(f'{s} {len(games[s])} tasks' for s in sp
 # Policy: scripted expert, HF generate, or vLLM. The plain prompt only: no skill at deployment.
 policy = None  # nothing left to play: the tables are rebuilt from the file
 if todo:
-    if args.model == "expert":
-        policy = ExpertPolicy(tokenizer)
-    elif args.backend == "vllm":
-        policy = VLLMBackend(args.model, tokenizer, max_model_len=args.max_prompt_tokens + args.max_new_tokens,
-                             gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
-                             enable_sleep_mode=False, tensor_parallel_size=args.tp)
-    else:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        policy = HFBackend(load_model(args.model, dtype=dtype, device=device, seed=args.seed), tokenizer)
+    policy = make_policy(args.model, tokenizer, backend=args.backend,
+                         max_model_len=args.max_prompt_tokens + args.max_new_tokens,
+                         gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
+                         **({"tensor_parallel_size": args.tp} if args.backend == "vllm" else {}))
 
 # ---------------------------------------------------------------------------------------------------
 # Play: up to --batch-episodes episodes at once, each at its own pace; each is appended the moment it ends

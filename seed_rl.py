@@ -53,6 +53,7 @@ from common.models import attn_implementation, load_model, load_tokenizer
 from envs.pool import EnvPool
 from common.records import (append_jsonl, args_diff, check_resume, games_sha256, open_jsonl_for_append, read_jsonl,
                           resumed_manifest, run_manifest, write_manifest)
+from common.tracking import Tracker, add_log_to_arg
 from common.rollout import add_rollout_args, play_episodes, rollout_kwargs, step_prompt
 from common.checkpoints import latest_checkpoint, save_checkpoint_dir, save_hf_checkpoint
 from common.packing import gather_response, make_batch, packed_attention, response_select
@@ -381,6 +382,7 @@ def parse_args():
                    "and after the last; 0: none (timing runs: benchmarks/rollout_async.py)")
     g.add_argument("--dump-examples", type=int, default=4, help="plain-vs-skill examples dumped per update")
     g.add_argument("--out", default="runs/seed", help="output folder (metrics, examples, checkpoints, manifest)")
+    add_log_to_arg(g)
     args = p.parse_args()
     require_positive(args, "updates", "tasks_per_update", "group_size", "max_steps", "max_new_tokens", "mini_batch",
                      "micro_batch", "workers")  # --save-every 0 is meaningful: no checkpoints (timing runs)
@@ -426,7 +428,7 @@ def main():
                  for g in run.my_groups for r in range(args.group_size)]
         episodes, rt = play_episodes(env, specs, run.pool, engine, tokenizer, **rollout_kwargs(args),
                                      lockstep=args.lockstep, analyzer=run.analyzer if args.opd_coef > 0 else None,
-                                     analysis_prompt=lambda ep: analysis_prompt(tokenizer, ep, args),
+                                     analysis_prompt=lambda ep: analysis_prompt(tokenizer, ep, args, env),
                                      analysis_max_new_tokens=args.analysis_max_new_tokens)
         # phases of the rollout's wall time (they sum to time/rollout); busy_*: time each had work in flight
         tm.update(rollout=rt["wall"], generate=rt["generate"], env=rt["reset"] + rt["env"] + rt["parse"],
@@ -505,8 +507,10 @@ def main():
         if args.save_every > 0 and ((update + 1) % args.save_every == 0 or update + 1 == args.updates):
             save_checkpoint(policy, optimizer, tokenizer, args, update + 1, metrics, rank)
         if rank == 0:
-            append_jsonl(metrics_f, metrics)
+            append_jsonl(metrics_f, metrics)  # the source of truth; the tracker (--log-to) only mirrors it
+            run.tracker.log(metrics)
     run.pool.close()
+    run.tracker.close()
     dist.barrier()
     dist.destroy_process_group()
 
@@ -545,6 +549,7 @@ def setup(args, env, paper, rank, world, device):
                                 out=args.out)  # every rank reads it: all refuse together, before any model loads
     if old_manifest:
         check_resumed_stream(old_manifest, stream, env, args)
+    tracker = Tracker(args.log_to, args.out, vars(args), rank)  # after the checks: a refused run logs nothing
     policy = shard_model(load_model(args.model, device=device, seed=args.seed, attn=packed_attn), device,
                          activation_checkpointing=args.activation_checkpointing)
     ref = None
@@ -582,17 +587,17 @@ def setup(args, env, paper, rank, world, device):
     pool = EnvPool(f"envs.{env.NAME}:make_game", num_workers=n_workers)
     return SimpleNamespace(tokenizer=tokenizer, stream=stream, manifest=manifest, old_manifest=old_manifest,
                            policy=policy, ref=ref, optimizer=optimizer, engine=engine, analyzer=analyzer, pool=pool,
-                           my_groups=my_groups, packed=packed_attn is not None, memory=memory,
+                           my_groups=my_groups, packed=packed_attn is not None, memory=memory, tracker=tracker,
                            sync_dtype=torch.bfloat16 if on_gpu else torch.float32)
 
 
 # ====================================================================================================
 # The steps of an update, each a named function (called once per update by main, in this order)
 
-def analysis_prompt(tokenizer, episode, args):
+def analysis_prompt(tokenizer, episode, args, env):
     """Step 2's prompt for an ended episode (token ids), or None where prompt + answer would not fit the
     engine's context (that episode gets no skill). The rollout loop submits it the moment the episode ends."""
-    ids = chat_prompt(tokenizer, build_analysis_prompt(episode))[1]
+    ids = chat_prompt(tokenizer, build_analysis_prompt(episode, env))[1]
     return ids if len(ids) + args.analysis_max_new_tokens <= args.analysis_max_len else None
 
 

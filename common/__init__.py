@@ -2,7 +2,8 @@
 
 common.rollout      the multi-turn rollout loop and episode summaries (env-agnostic: it calls only the interface)
 common.backends     generation backends (vLLM, HF generate, scripted expert/analyzer) and the policy factory
-common.models       model/tokenizer loading (one line naming what cannot load), the data folder (../shared)
+common.models       model/tokenizer loading (one line naming what cannot load)
+common.paths        the checkout and the data folder ($SHARED, else ../shared): one helper for every env
 common.records      append-only JSONL that survives kills, the run manifest, and the episode record schema
 common.report       the training report of seed_rl.py runs (evaluate.py --report)
 common.stats        mean and confidence interval, shared by the reports

@@ -325,6 +325,20 @@ class ExpertPolicy(BatchBackend):
         return out
 
 
+def make_policy(model, tokenizer, *, backend="hf", max_model_len, gpu_memory_utilization=0.85, seed=0, **vllm_kw):
+    """The generation policy of collect.py, evaluate.py and annotate.py: `expert` (scripted, ExpertPolicy), a
+    vLLM engine (no sleep mode: nothing else shares the GPU), or HF generate (bf16 on GPU, fp32 on CPU)."""
+    if model == "expert":
+        return ExpertPolicy(tokenizer)
+    if backend == "vllm":
+        return VLLMBackend(model, tokenizer, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+                           seed=seed, enable_sleep_mode=False, **vllm_kw)
+    from common.models import load_model
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return HFBackend(load_model(model, dtype=dtype, device=device, seed=seed), tokenizer)
+
+
 class ScriptedAnalyzer(BatchBackend):
     """A rule-based stand-in for the analyzer (CPU demos and tests, where a tiny random model cannot write
     JSON): answers the analysis prompt with a JSON skill derived from the episode itself. Success -> the

@@ -13,6 +13,7 @@ import torch
 
 from conftest import run_script
 from common.records import read_jsonl
+from envs import load_env
 from prompts import build_analysis_prompt, chat_prompt, target_json
 
 # 9 train examples (+1 over-long one), 3 val; global batch 4 -> 3 steps per epoch (4, 4, 1 examples: with
@@ -29,7 +30,7 @@ def make_sft_records(episodes):
         acts = [s["action"] for s in ep["steps"]]  # short targets: the 152k-vocab LM head is the CPU cost
         answer = {"episode_summary": f"Done in {ep['length']} steps.",
                   "episode_skill": f"First {acts[0]}, then {acts[1]}."}
-        recs.append(dict(id=f"sft-{i}", split="val" if i % 4 == 3 else "train", prompt=build_analysis_prompt(ep),
+        recs.append(dict(id=f"sft-{i}", split="val" if i % 4 == 3 else "train", prompt=build_analysis_prompt(ep, load_env(ep.get("env", "alfworld"))),
                          target=target_json(answer), annotation_id=f"ann-{i}", annotation_file="skills.jsonl",
                          trajectory_uid=ep["uid"], trajectory_file="traj.jsonl",
                          outcome="success" if ep["success"] else "failure"))
