@@ -63,8 +63,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
-from envs import ENVS, HelpFormatter, require_positive
-from envs.records import (append_jsonl, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
+from envs import ENVS, HelpFormatter, load_env, require_positive
+from common.records import (append_jsonl, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
                           run_manifest, sha256_file, write_manifest)
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis, target_json
 
@@ -79,7 +79,7 @@ p.add_argument("--trajectories", nargs="+", help="collect.py output file(s)")
 p.add_argument("--out", help="annotation JSONL (append-only)")
 p.add_argument("--analyzer", default="openai", choices=["openai", "local", "scripted"], help="openai: an OpenAI-"
                "compatible endpoint (--base-url); local: a model run here through the project's backends (--backend); "
-               "scripted: no model, a rule-based stand-in (envs/backends.py ScriptedAnalyzer: a success -> the action "
+               "scripted: no model, a rule-based stand-in (common/backends.py ScriptedAnalyzer: a success -> the action "
                "order that worked, a failure -> a fixed avoidance rule; --model names only the tokenizer, e.g. tiny), "
                "for CPU demos and the behaviour-cloning warm start's skill examples")
 p.add_argument("--model", help="endpoint model name | local HF path or hub id | tiny")
@@ -107,6 +107,12 @@ p.add_argument("--trace", metavar="SFT_ID", help="print the chain of one SFT exa
 args = p.parse_args()
 
 sft_path = args.sft or (os.path.splitext(args.out)[0] + ".sft.jsonl" if args.out else None)
+
+
+def analysis_prompt(ep, reminder=None):
+    """The analysis prompt of a recorded episode, for its own env (records written before envs had names are
+    ALFWorld's)."""
+    return build_analysis_prompt(ep, load_env(ep.get("env", "alfworld")), reminder=reminder)
 
 
 def locate(path, near):
@@ -170,7 +176,7 @@ if args.trace:
               + (f"  (waited {a['waited_s']}s before re-sending)" if a.get("waited_s") else ""))
         if a["raw"] is not None:
             print(a["raw"])
-    same = ex["prompt"] == build_analysis_prompt(ep)
+    same = ex["prompt"] == analysis_prompt(ep)
     print(f"{rule}\nSFT PROMPT  {len(ex['prompt'])} chars; rebuilt from the trajectory: "
           f"{'identical' if same else 'DIFFERENT (the prompt wording changed since annotation)'}")
     print(f"SFT TARGET  {ex['target']}")
@@ -399,10 +405,10 @@ def ask_endpoint(prompt):
 def annotate_remote(ep):
     """The analysis loop of one trajectory: ask; if the answer does not parse, ask again with the stricter
     reminder naming why (up to --parse-retries times)."""
-    prompt = build_analysis_prompt(ep)  # exactly what sft.py trains on and seed_rl.py asks
+    prompt = analysis_prompt(ep)  # exactly what sft.py trains on and seed_rl.py asks
     attempts, reason = [], None
     for t in range(1, args.parse_retries + 2):
-        tries = ask_endpoint(prompt if reason is None else build_analysis_prompt(ep, reminder=reason))
+        tries = ask_endpoint(prompt if reason is None else analysis_prompt(ep, reason))
         for k, a in enumerate(tries, start=1):
             a.update(**{"try": t, "request": k, "reminder": reason})
         attempts += tries
@@ -421,14 +427,14 @@ def annotate_remote(ep):
 def annotate_local(batch, backend, tokenizer):
     """Round t asks every trajectory of the batch that has no parsed answer yet (one batched generate
     call); the ones that fail to parse go to the next round with the stricter reminder."""
-    prompts = [build_analysis_prompt(ep) for ep in batch]
+    prompts = [analysis_prompt(ep) for ep in batch]
     attempts, reasons, records = [[] for _ in batch], [None] * len(batch), [None] * len(batch)
     for t in range(1, args.parse_retries + 2):
         live = [i for i in range(len(batch)) if records[i] is None]
         if not live:
             break
         ids = {i: chat_prompt(tokenizer, prompts[i] if reasons[i] is None else
-                              build_analysis_prompt(batch[i], reminder=reasons[i]))[1] for i in live}
+                              analysis_prompt(batch[i], reasons[i]))[1] for i in live}
         for i in [i for i in live if len(ids[i]) + args.max_new_tokens > args.max_model_len]:
             attempts[i].append({"try": t, "request": 1, "reminder": reasons[i], "http_status": None, "latency_s": 0,
                                 "raw": None, "error": "prompt_too_long", "parse_reason": None,
@@ -457,25 +463,18 @@ def annotate_local(batch, backend, tokenizer):
 # analyzer's answers; each record is appended as soon as it is final
 tokenizer = backend = None
 if args.analyzer == "scripted":
-    from envs.backends import ScriptedAnalyzer
-    from envs.models import load_tokenizer
+    from common.backends import ScriptedAnalyzer
+    from common.models import load_tokenizer
     tokenizer = load_tokenizer(args.model)
     backend = ScriptedAnalyzer(tokenizer)
 elif args.analyzer == "local":
-    import torch
-    from envs.backends import HFBackend, VLLMBackend
-    from envs.models import load_model, load_tokenizer
+    from common.backends import make_policy
+    from common.models import load_tokenizer
     tokenizer = load_tokenizer(args.model)
-    if args.backend == "vllm" and todo:
-        # Before the manifest: it queries the GPUs, which initializes CUDA in this process, and vLLM then
-        # starts its engine with `spawn`, which re-runs this script from the top.
-        backend = VLLMBackend(args.model, tokenizer, max_model_len=args.max_model_len,
-                              gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
-                              enable_sleep_mode=False)
-    elif todo:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        backend = HFBackend(load_model(args.model, dtype=dtype, device=device, seed=args.seed), tokenizer)
+    if todo:  # vLLM: before the manifest, which queries the GPUs and so initializes CUDA in this process; vLLM
+        # then starts its engine with `spawn`, which re-runs this script from the top
+        backend = make_policy(args.model, tokenizer, backend=args.backend, max_model_len=args.max_model_len,
+                              gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
 manifest = run_manifest("annotate.py", args, paper=PAPER, model=args.model, tokenizer=tokenizer,
                         seeds={"seed": args.seed},
                         extra={"analyzer": spec, "sft": sft_path,

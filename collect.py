@@ -14,7 +14,7 @@ plain prompt (no skill), each env's steps, history and lengths (ALFWorld: 30 tas
     python collect.py --env alfworld --model tiny --tasks 6 --rollouts 1 --max-steps 3 --max-new-tokens 16 \\
         --out runs/demo/tiny.jsonl
 
-Output: one JSON line per episode, written the moment that episode ends (the record schema: envs/rollout.py;
+Output: one JSON line per episode, written the moment that episode ends (the record schema: common/rollout.py;
 append-only; a killed or interrupted run restarts where it stopped: episodes already written are skipped by
 id, a torn last line is cut; Ctrl-C says how many are saved), and `<out>.manifest.json` beside it.
 """
@@ -23,13 +23,12 @@ import os
 import sys
 import time
 
-import torch
 
 from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive, require_split
-from envs.backends import ExpertPolicy, HFBackend, VLLMBackend
-from envs.models import load_model, load_tokenizer
-from envs.records import check_resume, read_jsonl, resumed_manifest, run_manifest, write_manifest
-from envs.rollout import add_rollout_args, format_summary, play_into_jsonl, summarize_episodes
+from common.backends import make_policy
+from common.models import load_tokenizer
+from common.records import check_resume, read_jsonl, resumed_manifest, run_manifest, write_manifest
+from common.rollout import add_rollout_args, format_summary, play_into_jsonl, summarize_episodes
 
 env = env_from_argv()  # --env first: every default below is that env's paper preset
 P = env.PRESET
@@ -97,15 +96,8 @@ print(f"collect: {len(games)} tasks x {args.rollouts} rollouts = {len(plan)} epi
 
 # ---------------------------------------------------------------------------------------------------
 # Policy: scripted expert, HF generate, or vLLM
-if args.model == "expert":
-    policy = ExpertPolicy(tokenizer)
-elif args.backend == "vllm":
-    policy = VLLMBackend(args.model, tokenizer, max_model_len=args.max_prompt_tokens + args.max_new_tokens,
-                         gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed, enable_sleep_mode=False)
-else:
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    policy = HFBackend(load_model(args.model, dtype=dtype, device=device, seed=args.seed), tokenizer)
+policy = make_policy(args.model, tokenizer, backend=args.backend, max_model_len=args.max_prompt_tokens + args.max_new_tokens,
+                     gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
 
 # ---------------------------------------------------------------------------------------------------
 # Play: up to --batch-episodes episodes at once, each at its own pace; each is appended the moment it ends

@@ -14,7 +14,7 @@ out-of-distribution; 30 steps, the last 5 history entries).
     python evaluate.py --env alfworld --model expert --limit 12 --out runs/demo/eval-expert
     python evaluate.py --env alfworld --model tiny --limit 6 --max-steps 3 --max-new-tokens 16 --out runs/demo/eval-tiny
 
-    # training dynamics of seed_rl.py runs (each labeled by its directory), e.g. GRPO beside SEED (envs/report.py)
+    # training dynamics of seed_rl.py runs (each labeled by its directory), e.g. GRPO beside SEED (common/report.py)
     python evaluate.py --report runs/grpo runs/seed --out runs/report
     # the paper preset's data: the Stage 1 task set and the RL task stream, counts and sha256
     python evaluate.py --env alfworld --data-manifest
@@ -22,22 +22,21 @@ out-of-distribution; 30 steps, the last 5 history entries).
 Outputs of an evaluation (in --out): results.json and results.md (per split: success per summary column in the
 paper's order, mean episode length, invalid-action rate, beside the paper's numbers for the same backbone and
 the list of conditions that differ), trajectories.jsonl (every episode, written the moment it ends; the record
-schema of envs/rollout.py; append-only: a killed or interrupted run restarts where it stopped) and
-manifest.json (envs/records.py).
+schema of common/rollout.py; append-only: a killed or interrupted run restarts where it stopped) and
+manifest.json (common/records.py).
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
 
 from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive, require_split
-from envs.rollout import add_rollout_args
-from envs.records import check_resume, games_summary, read_jsonl, resumed_manifest, run_manifest, write_manifest
+from common.rollout import add_rollout_args
+from common.records import check_resume, games_summary, read_jsonl, resumed_manifest, run_manifest, write_manifest
 
 REPO = os.path.dirname(os.path.abspath(__file__))
-PAPER_FILE = os.path.join(REPO, "envs", "paper_results.json")
+PAPER_FILE = os.path.join(REPO, "common", "paper_results.json")
 with open(PAPER_FILE) as f:
     PAPER_RESULTS = json.load(f)  # the paper's numbers, each with its source (only what SPEC.md states)
 S = {k: v["value"] for k, v in PAPER_RESULTS["settings"].items()}
@@ -81,11 +80,11 @@ g.add_argument("--data-manifest", action="store_true", help="print the paper pre
 args = p.parse_args()
 
 # ---------------------------------------------------------------------------------------------------
-# The other two modes, each one call: the training report (envs/report.py), the preset's data manifest
+# The other two modes, each one call: the training report (common/report.py), the preset's data manifest
 if args.report:
     if not args.out:
         sys.exit("--report needs --out")
-    from envs.report import write_report
+    from common.report import write_report
     write_report(args.report, args.out, args.smooth)
     sys.exit(0)
 if args.data_manifest:
@@ -114,12 +113,12 @@ def cell(x, digits=1):
 # Evaluation. Plan: the deterministic list of episodes, minus those already written.
 if not args.model or not args.out:
     sys.exit("evaluation needs --model and --out (or use --report / --data-manifest)")
-import torch  # noqa: E402  (here: --report and --data-manifest run without torch)
 
-from envs.backends import ExpertPolicy, HFBackend, VLLMBackend  # noqa: E402
+from common.backends import make_policy  # noqa: E402
 
-from envs.models import load_model, load_tokenizer  # noqa: E402
-from envs.rollout import format_summary, play_into_jsonl, summarize_episodes  # noqa: E402
+from common.models import load_tokenizer  # noqa: E402
+from common.stats import mean_ci  # noqa: E402
+from common.rollout import format_summary, play_into_jsonl, summarize_episodes  # noqa: E402
 
 splits = [s.strip() for s in args.splits.split(",") if s.strip()]
 require_positive(args, "samples", "limit", "max_steps", "max_new_tokens", "workers", "batch_episodes", "tp")
@@ -162,16 +161,10 @@ print(f"evaluate {env.NAME}: {', '.join(f'{s} {len(games[s])} tasks' for s in sp
 # Policy: scripted expert, HF generate, or vLLM. The plain prompt only: no skill at deployment.
 policy = None  # nothing left to play: the tables are rebuilt from the file
 if todo:
-    if args.model == "expert":
-        policy = ExpertPolicy(tokenizer)
-    elif args.backend == "vllm":
-        policy = VLLMBackend(args.model, tokenizer, max_model_len=args.max_prompt_tokens + args.max_new_tokens,
-                             gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
-                             enable_sleep_mode=False, tensor_parallel_size=args.tp)
-    else:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        policy = HFBackend(load_model(args.model, dtype=dtype, device=device, seed=args.seed), tokenizer)
+    policy = make_policy(args.model, tokenizer, backend=args.backend,
+                         max_model_len=args.max_prompt_tokens + args.max_new_tokens,
+                         gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
+                         **({"tensor_parallel_size": args.tp} if args.backend == "vllm" else {}))
 
 # ---------------------------------------------------------------------------------------------------
 # Play: up to --batch-episodes episodes at once, each at its own pace; each is appended the moment it ends
@@ -183,21 +176,11 @@ timings, env_stats = play_into_jsonl(env, todo, policy, tokenizer, args, traj_pa
 # ---------------------------------------------------------------------------------------------------
 # Score: per split, success per type averaged over the samples (with a 95% interval when samples > 1),
 # the type mean (the paper's "average success") and the rate over all episodes; length and invalid rate.
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-
-
-def mean_ci(values):
-    """Mean and the 95% Student-t interval of the mean over samples (None for one sample: no spread to
-    measure). The interval covers the sampling noise of the policy (temperature 0.4) on these games."""
-    n = len(values)
-    m = sum(values) / n
-    if n < 2:
-        return m, None
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
-    t = T975[n - 2] if n - 1 <= len(T975) else 1.96 + 2.5 / (n - 1)  # beyond the table: a close fit
-    h = t * sd / math.sqrt(n)
-    return m, [max(0.0, m - h), min(100.0, m + h)]
+def mean_ci95(values):
+    """Mean and the 95% Student-t interval of the mean over samples, clipped to 0-100 (None for one sample: no
+    spread to measure). The interval covers the sampling noise of the policy (temperature 0.4) on these games."""
+    ci = mean_ci(values)
+    return ci["mean"], None if ci["lo"] is None else [max(0.0, ci["lo"]), min(100.0, ci["hi"])]
 
 
 uids = {e["uid"] for e in plan}
@@ -216,7 +199,7 @@ for s in splits:
     success = {}
     for c in COLUMNS:
         vals = [row[c] for row in per_sample if row[c] is not None]
-        m, ci = mean_ci(vals) if vals else (None, None)
+        m, ci = mean_ci95(vals) if vals else (None, None)
         success[c] = {"mean": None if m is None else round(m, 2), "ci95": None if ci is None else
                       [round(v, 2) for v in ci], "per_sample": [row[c] for row in per_sample],
                       "episodes": overall[c]["episodes"] if c != "Avg" else overall["All"]["episodes"]}
@@ -281,7 +264,7 @@ if any(len(games[s]) != sizes.get(s) for s in splits) or splits != P["eval_split
 if args.invalid_fallback:
     differences.append(f"invalid-step fallback action: this run '{args.invalid_fallback}'; paper: not stated")
 unknown = [f"samples per game: this run {args.samples}; paper: not stated in SPEC.md (see the notes in "
-           "envs/paper_results.json)",
+           "common/paper_results.json)",
            "inference engine and its sampling defaults: not stated in SPEC.md (this run: temperature only, "
            "top_p 1, top_k off)"]
 
@@ -343,7 +326,7 @@ if other:
     sources += [src for src in dict.fromkeys(pr["source"] for pr in other) if src not in sources]
 md += ["## Conditions that differ from the paper", ""] + [f"- {d}" for d in differences]
 md += ["", "Not known (SPEC.md does not state them):", ""] + [f"- {u}" for u in unknown]
-md += ["", "## Sources of the paper's numbers", "", f"From `envs/paper_results.json` ({PAPER_RESULTS['paper']}):", ""]
+md += ["", "## Sources of the paper's numbers", "", f"From `common/paper_results.json` ({PAPER_RESULTS['paper']}):", ""]
 md += [f"- {src}" for src in sources]
 md += ["", f"Trajectories: `{traj_path}`; manifest: `{manifest_path}`.", ""]
 with open(os.path.join(args.out, "results.md"), "w") as f:

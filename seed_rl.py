@@ -35,26 +35,29 @@ once, with the pre-update weights (Algorithm 1 re-scores it with the trainable p
 first mini-batch).
 """
 import argparse
+import contextlib
 import json
 import math
 import os
 import shutil
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 
 from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive
-from envs.backends import HFBackend, ScriptedAnalyzer, VLLMBackend
-from envs.models import attn_implementation, load_model, load_tokenizer
+from common.backends import HFBackend, ScriptedAnalyzer, VLLMBackend
+from common.models import attn_implementation, load_model, load_tokenizer
 from envs.pool import EnvPool
-from envs.records import (append_jsonl, args_diff, check_resume, games_sha256, open_jsonl_for_append, read_jsonl,
+from common.records import (append_jsonl, args_diff, check_resume, games_sha256, open_jsonl_for_append, read_jsonl,
                           resumed_manifest, run_manifest, write_manifest)
-from envs.rollout import add_rollout_args, play_episodes, step_prompt
-from envs.training import (adamw_impl, full_params, gather_response, init_distributed, latest_checkpoint, make_batch,
-                           packed_attention, print0, response_select, save_checkpoint_dir, save_hf_checkpoint,
-                           shard_model)
+from common.tracking import Tracker, add_log_to_arg
+from common.rollout import add_rollout_args, play_episodes, rollout_kwargs, step_prompt
+from common.checkpoints import latest_checkpoint, save_checkpoint_dir, save_hf_checkpoint
+from common.packing import gather_response, make_batch, packed_attention, response_select
+from common.training import adamw_impl, full_params, init_distributed, print0, shard_model
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis
 
 # ====================================================================================================
@@ -89,7 +92,8 @@ def seed_loss(lp, old_lp, ref_lp, teacher_lp, adv, mask, teacher_mask, n_tokens,
     n_tokens, n_teacher_tokens: token counts of the whole mini-batch over all ranks, so that summing the
     micro-batch losses gives the token-mean over the mini-batch. dual_clip: None (SPEC.md's PPO clip), or verl's
     dual-clip constant c (the public code's runs: 3), which caps a negative-advantage token's loss at -c * A.
-    Returns (loss, sums for logging)."""
+    Returns {"loss": the loss to backpropagate, and for logging the sums over the micro-batch's tokens:
+    "pg", "kl", "opd", "gate", "gate_active", "gap", "clipped", "ratio"} (LOSS_SUMS)."""
     m, mt = mask, mask * teacher_mask
     # policy: PPO clip, ratio = exp(lp - old_lp); L_pg = -min(ratio * A, clip(ratio, 1 -+ eps) * A)
     ratio = torch.exp(lp - old_lp)
@@ -110,7 +114,7 @@ def seed_loss(lp, old_lp, ref_lp, teacher_lp, adv, mask, teacher_mask, n_tokens,
         sums = {"pg": (pg * m).sum(), "kl": (kl * m).sum(), "opd": (opd * mt).sum(), "gate": (gate * mt).sum(),
                 "gate_active": ((gate > 0.5).float() * mt).sum(), "gap": (gap * mt).sum(),
                 "clipped": (((ratio - 1).abs() > clip_eps).float() * m).sum(), "ratio": (ratio * m).sum()}
-    return loss, sums
+    return {"loss": loss, **sums}
 
 
 # ====================================================================================================
@@ -222,10 +226,78 @@ def sync_engine(engine, policy, dtype):
     engine.wake_up(tags=["kv_cache"])
 
 
+def clip_and_step(policy, optimizer, grad_clip):
+    """Clip the global grad norm and take the optimizer step, unless the norm is not finite (then skip it; the
+    norm is global, so every rank takes the same branch). Returns the norm, or None when skipped."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm if math.isfinite(grad_norm) else None
+
+
 def device_used_gib():
     """Memory in use on this GPU, all processes and allocators (the driver's count), in GiB."""
     free, total = torch.cuda.mem_get_info()
     return (total - free) / 2 ** 30
+
+
+class Timer(dict):
+    """Seconds per phase of one update, {phase: s}, logged as time/<phase>: `with tm.phase("scoring"): ...`."""
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        t0 = time.perf_counter()
+        yield
+        self[name] = time.perf_counter() - t0
+
+
+class DeviceMemory:
+    """The update's GPU memory metrics (mem/*; none on CPU). Why the bookkeeping: vLLM's sleep unmaps the
+    engine's memory but keeps its tensors, so torch's allocator counts a sleeping engine; the trainer's peak is
+    therefore reset once the engine sleeps, and what the engines hold in that allocator is taken off it."""
+
+    def __init__(self, on_gpu):
+        self.on_gpu, self.engine_held, self.mem = on_gpu, 0, {}
+
+    @contextlib.contextmanager
+    def engines(self):
+        """Around the engines' creation: what they hold in torch's allocator (mem/engine_held_gib)."""
+        before = torch.cuda.memory_allocated() if self.on_gpu else 0
+        yield
+        self.engine_held = torch.cuda.memory_allocated() - before if self.on_gpu else 0
+
+    def new_update(self):
+        self.mem = {}
+        return self.mem
+
+    def sleep(self, engine):
+        """Put the engine to sleep; record the device's use with it awake and the share its sleep gave back."""
+        if self.on_gpu:
+            self.mem["mem/device_used_gib_engine_awake"] = device_used_gib()
+        engine.sleep()
+        if self.on_gpu:  # the trainer's peak is counted from here
+            self.mem["mem/engine_awake_gib"] = self.mem["mem/device_used_gib_engine_awake"] - device_used_gib()
+            torch.cuda.reset_peak_memory_stats()
+
+    def after_training(self):
+        """The trainer's own peak over steps 3-5 (scoring and training), and the device's use."""
+        if self.on_gpu:
+            self.mem["mem/trainer_peak_gib"] = (torch.cuda.max_memory_allocated() - self.engine_held) / 2 ** 30
+            self.mem["mem/engine_held_gib"] = self.engine_held / 2 ** 30
+            self.mem["mem/device_used_gib_training"] = device_used_gib()
+
+
+def lr_at(update, args):
+    """The lr of an update (0-based): linear warm-up over the first ceil(warmup_ratio x updates), then constant."""
+    warmup = math.ceil(args.warmup_ratio * args.updates)
+    return args.lr * min(1.0, (update + 1) / warmup) if warmup else args.lr
+
+
+def sequence(s, prompt="prompt_ids"):
+    """A step sample as the scorer's (ids, prompt_len, response_len), under the plain or the teacher prompt."""
+    return s[prompt] + s["response_ids"], len(s[prompt]), len(s["response_ids"])
 
 
 def parse_args():
@@ -284,7 +356,7 @@ def parse_args():
                    help="token budget per forward (per rank) instead of --micro-batch samples: packed tokens, or "
                         "rows x longest when padded; 0 = off")
     g.add_argument("--packing", default="auto",
-                   help="padding-free micro-batches (envs/training.py packed_attention). auto: on GPU (flash-attn "
+                   help="padding-free micro-batches (common/packing.py packed_attention). auto: on GPU (flash-attn "
                         "if installed, else PyTorch's varlen flash kernel, else FlexAttention), padded on CPU; on; "
                         "off; or an attention name (seed_varlen, flex_attention, flash_attention_2)")
     g.add_argument("--clip-eps", type=float, default=paper["clip_eps"], help="PPO clip range")
@@ -310,6 +382,7 @@ def parse_args():
                    "and after the last; 0: none (timing runs: benchmarks/rollout_async.py)")
     g.add_argument("--dump-examples", type=int, default=4, help="plain-vs-skill examples dumped per update")
     g.add_argument("--out", default="runs/seed", help="output folder (metrics, examples, checkpoints, manifest)")
+    add_log_to_arg(g)
     args = p.parse_args()
     require_positive(args, "updates", "tasks_per_update", "group_size", "max_steps", "max_new_tokens", "mini_batch",
                      "micro_batch", "workers")  # --save-every 0 is meaningful: no checkpoints (timing runs)
@@ -322,10 +395,130 @@ def parse_args():
 
 def main():
     args, env, paper = parse_args()
+    rank, world, device = init_distributed()
+    run = setup(args, env, paper, rank, world, device)  # models, engine, analyzer, env pool, task stream
+    policy, optimizer, engine, tokenizer = run.policy, run.optimizer, run.engine, run.tokenizer
 
     # ------------------------------------------------------------------------------------------------
-    # Setup: process group, models (policy + reference sharded with FSDP2), engine, env pool
-    rank, world, device = init_distributed()
+    # Resume: weights + optimizer (torch.distributed.checkpoint), update index = task cursor. The RNG needs
+    # no saving: every update reseeds from (seed, update, rank) and samples are seeded per (episode, step).
+    start = load_checkpoint(policy, optimizer, args, rank)
+    if rank == 0:  # a resumed run keeps the first run's manifest and adds an entry for itself
+        write_manifest(os.path.join(args.out, "seed_manifest.json"),
+                       resumed_manifest(run.old_manifest, run.manifest, update=start, world_size=world))
+    metrics_f, examples_f, lengths_f = [open_jsonl_for_append(os.path.join(args.out, name)) if rank == 0 else None
+                                        for name in ("metrics.jsonl", "examples.jsonl", "lengths.jsonl")]
+
+    for update in range(start, args.updates):
+        tm, mem = Timer(), run.memory.new_update()
+        t_update = time.perf_counter()
+        torch.manual_seed(args.seed * 1_000_003 + update * 1009 + rank)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(update, args)
+
+        # -------------------------------------------------------------------------------------------
+        # 1. Rollout: the latest weights into the engine, then this rank's groups with the plain prompt.
+        # 2. Self-analysis, overlapped: the moment an episode ends, the same engine (same weights) writes its
+        #    skill, greedy, while the other episodes still play. Unparsable -> no teacher signal for that
+        #    episode (teacher mask 0); it still trains with GRPO.
+        with tm.phase("sync"):
+            sync_engine(engine, policy, run.sync_dtype)
+        tasks = run.stream[update * args.tasks_per_update:(update + 1) * args.tasks_per_update]
+        specs = [dict(tasks[g], uid=f"u{update}/g{g}/r{r}", group=g, rollout=r, seed=args.seed, update=update)
+                 for g in run.my_groups for r in range(args.group_size)]
+        episodes, rt = play_episodes(env, specs, run.pool, engine, tokenizer, **rollout_kwargs(args),
+                                     lockstep=args.lockstep, analyzer=run.analyzer if args.opd_coef > 0 else None,
+                                     analysis_prompt=lambda ep: analysis_prompt(tokenizer, ep, args, env),
+                                     analysis_max_new_tokens=args.analysis_max_new_tokens)
+        # phases of the rollout's wall time (they sum to time/rollout); busy_*: time each had work in flight
+        tm.update(rollout=rt["wall"], generate=rt["generate"], env=rt["reset"] + rt["env"] + rt["parse"],
+                  analysis=rt["analysis"], **{k: v for k, v in rt.items() if k.startswith("busy_")})
+        with tm.phase("sleep"):
+            episodes = drop_env_failures(episodes, rank)  # an env failure leaves its group, not poisons it
+            if args.probe_action:  # the plumbing check's reward replaces the env's (what a working loop must learn)
+                probe_returns(episodes, args.probe_action)
+            skills = [parse_skill(ep.get("analysis"), args) for ep in episodes]
+            run.memory.sleep(engine)  # frees the engine's GPU memory for scoring and training
+
+        # -------------------------------------------------------------------------------------------
+        # 3. Dual-context scoring with the pre-update weights, no grad: old_lp under the plain prompt,
+        #    teacher_lp of the SAME response tokens under the skill prompt, ref_lp under the plain prompt.
+        with tm.phase("scoring"):
+            samples = step_samples(episodes, skills, tokenizer)  # one per (episode, step)
+            plain = [sequence(s) for s in samples]
+            teach = [sequence(s, "teacher_ids") for s in samples if "teacher_ids" in s]
+            record_lengths(lengths_f, update, samples)
+            lps = score(policy, plain + teach, args.micro_batch, device, run.packed, args.micro_tokens)  # both contexts
+            old, tlp = lps[:len(plain)], iter(lps[len(plain):])
+            refs = score(run.ref, plain, args.micro_batch, device, run.packed, args.micro_tokens) \
+                if run.ref is not None else old
+            for s, o, r in zip(samples, old, refs):
+                s["old_lp"], s["ref_lp"] = o, r
+                s["teacher_lp"] = next(tlp) if "teacher_ids" in s else o  # masked out when there is no skill
+
+        # -------------------------------------------------------------------------------------------
+        # 4. Advantages: GRPO over the (surviving) episodes of each group, broadcast to every token
+        adv = grpo_advantages([ep["return"] for ep in episodes], [ep["group"] for ep in episodes],
+                              [len(ep["steps"]) for ep in episodes] if args.adv_mode == "steps" else None,
+                              std_norm=args.adv_norm == "mean_std")
+        for ep, a in zip(episodes, adv):
+            ep["adv"] = a  # for the diagnostics (update_metrics: groups without task signal)
+        for s in samples:
+            s["adv"] = adv[s["ep"]]
+
+        # -------------------------------------------------------------------------------------------
+        # 5. Update: one pass over the update's step samples, mini-batches of `mini_batch` step samples over
+        #    all ranks (one optimizer step each), micro-batches of `micro_batch` (gradient accumulation).
+        totals, grad_norms, skipped = dict.fromkeys(LOSS_SUMS + ["tokens", "teacher_tokens"], 0.0), [], 0
+        policy.train()
+        with tm.phase("train"):
+            for mini, n_tok, n_teach in plan_mini_batches(samples, args, update, device):
+                for micro in plan_micro_batches(mini, [len(sequence(s)[0]) for s in mini], device, packed=run.packed,
+                                                micro_batch=args.micro_batch, max_tokens=args.micro_tokens):
+                    lp, _, sel = micro_batch_logprobs(policy, [sequence(s) for s in micro] or [DUMMY], device,
+                                                      run.packed)  # lp: [rows, T]
+                    out = seed_loss(lp, **per_token(micro, sel), n_tokens=n_tok, n_teacher_tokens=n_teach,
+                                    clip_eps=args.clip_eps, kl_coef=args.kl_coef, opd_coef=args.opd_coef,
+                                    beta=args.opd_beta, dual_clip=args.dual_clip or None)
+                    # FSDP averages gradients over ranks; this rank's loss is already its share of the global
+                    # token-mean, so undo the average by scaling with the world size.
+                    (out["loss"] * world).backward()
+                    for k in LOSS_SUMS:
+                        totals[k] += float(out[k])
+                totals["tokens"] += n_tok / world  # every rank adds it; summed over ranks in update_metrics
+                totals["teacher_tokens"] += n_teach / world
+                grad_norm = clip_and_step(policy, optimizer, args.grad_clip)  # None: skipped (not finite)
+                if grad_norm is None:
+                    print0(f"error: update {update + 1}: non-finite loss/gradient, optimizer step skipped")
+                    skipped += 1
+                else:
+                    grad_norms.append(grad_norm)
+        run.memory.after_training()
+
+        # -------------------------------------------------------------------------------------------
+        # 6. Log and save
+        tm["update"] = time.perf_counter() - t_update
+        metrics = update_metrics(env, args, update, dict(
+            episodes=episodes, skills=skills, samples=samples, failures=len(specs) - len(episodes), totals=totals,
+            grad_norms=grad_norms, skipped=skipped, time=tm, mem=mem), device, world)
+        if rank == 0:
+            print0(progress_line(update, args, metrics))
+            dump_examples(examples_f, update, samples, episodes, skills, tokenizer, args.dump_examples)
+        if args.save_every > 0 and ((update + 1) % args.save_every == 0 or update + 1 == args.updates):
+            save_checkpoint(policy, optimizer, tokenizer, args, update + 1, metrics, rank)
+        if rank == 0:
+            append_jsonl(metrics_f, metrics)  # the source of truth; the tracker (--log-to) only mirrors it
+            run.tracker.log(metrics)
+    run.pool.close()
+    run.tracker.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def setup(args, env, paper, rank, world, device):
+    """Everything the loop needs, built once: the task stream (checked against a resumed run's), the policy and
+    the frozen reference (FSDP2), AdamW, the generation engine and the analyzer, the env worker pool, and the
+    GPU memory accounting. Returns them as attributes of one namespace."""
     on_gpu = device.type == "cuda"
     if args.backend is None:
         try:
@@ -334,13 +527,11 @@ def main():
         except ImportError:
             args.backend = "hf"
     args.ref_model = args.ref_model or args.model
-    use_opd = args.opd_coef > 0
     packed_attn = packed_attention(device, args.packing)  # None: padded micro-batches
-    packed = packed_attn is not None
     os.makedirs(args.out, exist_ok=True)
     print0(f"seed_rl: env {env.NAME}, world {world}, device {device.type}, backend {args.backend}, "
-           f"{f'packed ({packed_attn})' if packed else f'padded ({attn_implementation(device)})'} micro-batches of "
-           f"{f'{args.micro_tokens} tokens' if args.micro_tokens else f'{args.micro_batch} samples'}")
+           f"{f'packed ({packed_attn})' if packed_attn else f'padded ({attn_implementation(device)})'} micro-batches "
+           f"of {f'{args.micro_tokens} tokens' if args.micro_tokens else f'{args.micro_batch} samples'}")
     print0("config: " + json.dumps(vars(args)))
     print0("differs from the paper: " + json.dumps(args_diff(args, paper)))
     if args.temperature != 1.0:
@@ -358,6 +549,7 @@ def main():
                                 out=args.out)  # every rank reads it: all refuse together, before any model loads
     if old_manifest:
         check_resumed_stream(old_manifest, stream, env, args)
+    tracker = Tracker(args.log_to, args.out, vars(args), rank)  # after the checks: a refused run logs nothing
     policy = shard_model(load_model(args.model, device=device, seed=args.seed, attn=packed_attn), device,
                          activation_checkpointing=args.activation_checkpointing)
     ref = None
@@ -366,193 +558,46 @@ def main():
                                      dtype=torch.bfloat16 if on_gpu else torch.float32), device, train=False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.01,
                                   **adamw_impl(device))
-    sync_dtype = torch.bfloat16 if on_gpu else torch.float32
 
-    held_before = torch.cuda.memory_allocated() if on_gpu else 0  # for mem/engine_held_gib (step 5's comment)
-    if args.backend == "vllm":
-        if args.model == "tiny":
-            raise SystemExit("--backend vllm needs a model folder (save the tiny model with sft.py first)")
-        engine = VLLMBackend(args.model, tokenizer, max_model_len=max(args.analysis_max_len,
-                             args.max_prompt_tokens + args.max_new_tokens), seed=args.seed,
-                             gpu_memory_utilization=args.gpu_memory_utilization,
-                             want_logprobs=True)  # for the engine-vs-trainer log-prob check of every update
-        engine.sleep()
-    else:  # an unsharded copy for HF generate, refreshed by the same per-parameter sync as vLLM
-        engine = HFBackend(load_model(args.model, device=device, seed=args.seed,
-                                      dtype=torch.bfloat16 if on_gpu else torch.float32), tokenizer, want_logprobs=True)
-    analyzer = engine  # SEED: the evolving policy analyzes its own episodes
-    if args.analyzer_model == "scripted":
-        analyzer = ScriptedAnalyzer(tokenizer)
-    elif args.analyzer_model:  # static analyzer ablation: fixed weights, never synced
-        analyzer = VLLMBackend(args.analyzer_model, load_tokenizer(args.analyzer_model), max_model_len=args.analysis_max_len,
-                               seed=args.seed, gpu_memory_utilization=args.gpu_memory_utilization) \
-            if args.backend == "vllm" else HFBackend(load_model(args.analyzer_model, device=device), load_tokenizer(args.analyzer_model))
-    engine_held = torch.cuda.memory_allocated() - held_before if on_gpu else 0
+    memory = DeviceMemory(on_gpu)
+    with memory.engines():
+        if args.backend == "vllm":
+            if args.model == "tiny":
+                raise SystemExit("--backend vllm needs a model folder (save the tiny model with sft.py first)")
+            engine = VLLMBackend(args.model, tokenizer, max_model_len=max(args.analysis_max_len,
+                                 args.max_prompt_tokens + args.max_new_tokens), seed=args.seed,
+                                 gpu_memory_utilization=args.gpu_memory_utilization,
+                                 want_logprobs=True)  # for the engine-vs-trainer log-prob check of every update
+            engine.sleep()
+        else:  # an unsharded copy for HF generate, refreshed by the same per-parameter sync as vLLM
+            engine = HFBackend(load_model(args.model, device=device, seed=args.seed,
+                                          dtype=torch.bfloat16 if on_gpu else torch.float32), tokenizer,
+                               want_logprobs=True)
+        analyzer = engine  # SEED: the evolving policy analyzes its own episodes
+        if args.analyzer_model == "scripted":
+            analyzer = ScriptedAnalyzer(tokenizer)
+        elif args.analyzer_model:  # static analyzer ablation: fixed weights, never synced
+            analyzer = VLLMBackend(args.analyzer_model, load_tokenizer(args.analyzer_model),
+                                   max_model_len=args.analysis_max_len, seed=args.seed,
+                                   gpu_memory_utilization=args.gpu_memory_utilization) if args.backend == "vllm" \
+                else HFBackend(load_model(args.analyzer_model, device=device), load_tokenizer(args.analyzer_model))
     my_groups = list(range(rank, args.tasks_per_update, world))  # each rank plays its share of the groups
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks sharing this node's CPU cores
     n_workers = args.workers or max(1, min(len(my_groups) * args.group_size, (os.cpu_count() or 2) // local_world))
     pool = EnvPool(f"envs.{env.NAME}:make_game", num_workers=n_workers)
-
-    # ------------------------------------------------------------------------------------------------
-    # Resume: weights + optimizer (torch.distributed.checkpoint), update index = task cursor. The RNG needs
-    # no saving: every update reseeds from (seed, update, rank) and samples are seeded per (episode, step).
-    start = load_checkpoint(policy, optimizer, args, rank)
-    if rank == 0:  # a resumed run keeps the first run's manifest and adds an entry for itself
-        write_manifest(os.path.join(args.out, "seed_manifest.json"),
-                       resumed_manifest(old_manifest, manifest, update=start, world_size=world))
-    metrics_f = open_jsonl_for_append(os.path.join(args.out, "metrics.jsonl")) if rank == 0 else None
-    examples_f = open_jsonl_for_append(os.path.join(args.out, "examples.jsonl")) if rank == 0 else None
-    lengths_f = open_jsonl_for_append(os.path.join(args.out, "lengths.jsonl")) if rank == 0 else None
-    warmup = math.ceil(args.warmup_ratio * args.updates)
-
-    for update in range(start, args.updates):
-        t_update, tm, mem = time.perf_counter(), {}, {}
-        torch.manual_seed(args.seed * 1_000_003 + update * 1009 + rank)
-        for group in optimizer.param_groups:  # linear warm-up over the first `warmup` updates, then constant
-            group["lr"] = args.lr * min(1.0, (update + 1) / warmup) if warmup else args.lr
-
-        # -------------------------------------------------------------------------------------------
-        # 1. Rollout: the latest weights into the engine, then this rank's groups with the plain prompt.
-        # 2. Self-analysis, overlapped: the moment an episode ends, the same engine (same weights) writes its
-        #    skill, greedy, while the other episodes still play. Unparsable -> no teacher signal for that
-        #    episode (teacher mask 0); it still trains with GRPO.
-        t0 = time.perf_counter()
-        sync_engine(engine, policy, sync_dtype)
-        tm["sync"] = time.perf_counter() - t0
-        tasks = stream[update * args.tasks_per_update:(update + 1) * args.tasks_per_update]
-        specs = [dict(tasks[g], uid=f"u{update}/g{g}/r{r}", group=g, rollout=r, seed=args.seed, update=update)
-                 for g in my_groups for r in range(args.group_size)]
-        episodes, rt = play_episodes(env, specs, pool, engine, tokenizer, max_steps=args.max_steps,
-                                     history=args.history, max_prompt_tokens=args.max_prompt_tokens,
-                                     max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                     invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
-                                     invalid_rule=args.invalid_rule, lockstep=args.lockstep,
-                                     analyzer=analyzer if use_opd else None,
-                                     analysis_prompt=lambda ep: analysis_prompt(tokenizer, ep, args),
-                                     analysis_max_new_tokens=args.analysis_max_new_tokens)
-        t0 = time.perf_counter()
-        for ep in episodes:  # an env failure leaves its group instead of poisoning the advantages
-            if ep["env_failure"]:
-                print(f"[rank {rank}] env failure: episode {ep['uid']} dropped from its group ({ep['env_failure']})")
-        episodes = [ep for ep in episodes if not ep["env_failure"]]
-        if args.probe_action:  # the plumbing check's reward replaces the env's (what a working loop must learn)
-            probe_returns(episodes, args.probe_action)
-        skills = [parse_skill(ep.get("analysis"), args) for ep in episodes]
-        if on_gpu:  # device memory with the engine awake (its weights + KV cache) and the trainer resident
-            mem["mem/device_used_gib_engine_awake"] = device_used_gib()
-        engine.sleep()  # frees the engine's GPU memory for scoring and training
-        if on_gpu:  # the engine's share: what its sleep gave back; the trainer's peak is counted from here
-            mem["mem/engine_awake_gib"] = mem["mem/device_used_gib_engine_awake"] - device_used_gib()
-            torch.cuda.reset_peak_memory_stats()
-        # phases of the rollout's wall time (they sum to time/rollout); busy_*: time each had work in flight
-        tm.update(rollout=rt["wall"], generate=rt["generate"], env=rt["reset"] + rt["env"] + rt["parse"],
-                  analysis=rt["analysis"], sleep=time.perf_counter() - t0,
-                  **{k: v for k, v in rt.items() if k.startswith("busy_")})
-
-        # -------------------------------------------------------------------------------------------
-        # 3. Dual-context scoring with the pre-update weights, no grad: old_lp under the plain prompt,
-        #    teacher_lp of the SAME response tokens under the skill prompt, ref_lp under the plain prompt.
-        t0 = time.perf_counter()
-        samples = step_samples(episodes, skills, tokenizer)  # one per (episode, step)
-        plain = [(s["prompt_ids"] + s["response_ids"], len(s["prompt_ids"]), len(s["response_ids"])) for s in samples]
-        teach = [(s["teacher_ids"] + s["response_ids"], len(s["teacher_ids"]), len(s["response_ids"]))
-                 for s in samples if "teacher_ids" in s]
-        record_lengths(lengths_f, update, samples)
-        lps = score(policy, plain + teach, args.micro_batch, device, packed, args.micro_tokens)  # both contexts
-        old, tlp = lps[:len(plain)], iter(lps[len(plain):])
-        refs = score(ref, plain, args.micro_batch, device, packed, args.micro_tokens) if ref is not None else old
-        for s, o, r in zip(samples, old, refs):
-            s["old_lp"], s["ref_lp"] = o, r
-            s["teacher_lp"] = next(tlp) if "teacher_ids" in s else o  # masked out when there is no skill
-        tm["scoring"] = time.perf_counter() - t0
-
-        # -------------------------------------------------------------------------------------------
-        # 4. Advantages: GRPO over the (surviving) episodes of each group, broadcast to every token
-        rets, grps, lens = [ep["return"] for ep in episodes], [ep["group"] for ep in episodes], [len(ep["steps"]) for ep in episodes]
-        adv = grpo_advantages(rets, grps, lens if args.adv_mode == "steps" else None, std_norm=args.adv_norm == "mean_std")
-        for ep, a in zip(episodes, adv):
-            ep["adv"] = a  # for the diagnostics (update_metrics: groups without task signal)
-        for s in samples:
-            s["adv"] = adv[s["ep"]]
-
-        # -------------------------------------------------------------------------------------------
-        # 5. Update: one pass over the update's step samples, mini-batches of `mini_batch` step samples over
-        #    all ranks (one optimizer step each), micro-batches of `micro_batch` (gradient accumulation).
-        t0 = time.perf_counter()
-        totals = dict.fromkeys(LOSS_SUMS + ["tokens", "teacher_tokens"], 0.0)
-        grad_norms, skipped = [], 0
-        policy.train()
-        for mini, n_tok, n_teach in plan_mini_batches(samples, args, update, device):
-            for micro in plan_micro_batches(mini, [len(s["prompt_ids"]) + len(s["response_ids"]) for s in mini], device,
-                                            micro_batch=args.micro_batch, max_tokens=args.micro_tokens, packed=packed):
-                seqs = [(s["prompt_ids"] + s["response_ids"], len(s["prompt_ids"]), len(s["response_ids"])) for s in micro]
-                lp, batch, sel = micro_batch_logprobs(policy, seqs or [DUMMY], device, packed)
-                t = per_token(micro, sel)  # old_lp, ref_lp, teacher_lp, adv, mask, teacher_mask: each [rows, T]
-                loss, sums = seed_loss(lp, t["old_lp"], t["ref_lp"], t["teacher_lp"], t["adv"], t["mask"],
-                                       t["teacher_mask"], n_tok, n_teach, clip_eps=args.clip_eps,
-                                       kl_coef=args.kl_coef, opd_coef=args.opd_coef, beta=args.opd_beta,
-                                       dual_clip=args.dual_clip or None)
-                # FSDP averages gradients over ranks; this rank's loss is already its share of the global
-                # token-mean, so undo the average by scaling with the world size.
-                (loss * world).backward()
-                for k, v in sums.items():
-                    totals[k] += float(v)
-            totals["tokens"] += n_tok / world  # every rank adds it; summed over ranks below
-            totals["teacher_tokens"] += n_teach / world
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
-            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-            if math.isfinite(grad_norm):  # the norm is global, so every rank takes the same branch
-                optimizer.step()
-                grad_norms.append(grad_norm)
-            else:
-                print0(f"error: update {update + 1}: non-finite loss/gradient, optimizer step skipped")
-                skipped += 1
-            optimizer.zero_grad(set_to_none=True)
-        tm["train"] = time.perf_counter() - t0
-        if on_gpu:
-            # The trainer's own peak over steps 3-5 (scoring and training). vLLM's sleep unmaps the memory under the
-            # engine's weights and KV cache but keeps their tensors (vllm/device_allocator/cumem.py), so torch's
-            # allocator still counts them: max_memory_allocated() includes a sleeping engine. The H200 runs'
-            # 67-73 GiB "trainer peak" of a 0.5B policy fits that: the engine's 0.4 x 140 GiB plus the trainer's
-            # (and the peak was reset at the end of an update, so the next wake-up fell inside it). So the peak is
-            # reset once the engine sleeps (step 2), and what the engines hold in torch's allocator, measured
-            # around their creation, is taken off; the engine's own share on the device is mem/engine_awake_gib.
-            # (Not yet run on a GPU since: the CPU tests do not reach this.)
-            mem["mem/trainer_peak_gib"] = (torch.cuda.max_memory_allocated() - engine_held) / 2 ** 30
-            mem["mem/engine_held_gib"] = engine_held / 2 ** 30
-            mem["mem/device_used_gib_training"] = device_used_gib()
-
-        # -------------------------------------------------------------------------------------------
-        # 6. Log and save
-        tm["update"] = time.perf_counter() - t_update
-        metrics = update_metrics(env, args, update, episodes, skills, samples, totals, grad_norms, skipped,
-                                 len(specs) - len(episodes), tm, mem, device, world)
-        if rank == 0:
-            g = lambda k: "-" if metrics[k] is None else f"{metrics[k]:.4g}"
-            print0(f"update {update + 1}/{args.updates} | success {g('rollout/success_rate')} len "
-                   f"{g('rollout/episode_length')} invalid {g('rollout/invalid_rate')} | no-signal groups "
-                   f"{g('adv/zero_var_group_share')} | pg {g('loss/pg')} kl "
-                   f"{g('loss/kl')} opd {g('loss/opd')} gate {g('opd/gate_mean')} cover {g('opd/teacher_coverage')} "
-                   f"parse {g('skill/parse_rate')} | {tm['update']:.1f}s"
-                   + (" | NO TASK SIGNAL: every group's returns are equal, so GRPO's advantage is 0 everywhere"
-                      if metrics["adv/zero_var_group_share"] == 1.0 else ""))
-            dump_examples(examples_f, update, samples, episodes, skills, tokenizer, args.dump_examples)
-        if args.save_every > 0 and ((update + 1) % args.save_every == 0 or update + 1 == args.updates):
-            save_checkpoint(policy, optimizer, tokenizer, args, update + 1, metrics, rank)
-        if rank == 0:
-            append_jsonl(metrics_f, metrics)
-    pool.close()
-    dist.barrier()
-    dist.destroy_process_group()
+    return SimpleNamespace(tokenizer=tokenizer, stream=stream, manifest=manifest, old_manifest=old_manifest,
+                           policy=policy, ref=ref, optimizer=optimizer, engine=engine, analyzer=analyzer, pool=pool,
+                           my_groups=my_groups, packed=packed_attn is not None, memory=memory, tracker=tracker,
+                           sync_dtype=torch.bfloat16 if on_gpu else torch.float32)
 
 
 # ====================================================================================================
 # The steps of an update, each a named function (called once per update by main, in this order)
 
-def analysis_prompt(tokenizer, episode, args):
+def analysis_prompt(tokenizer, episode, args, env):
     """Step 2's prompt for an ended episode (token ids), or None where prompt + answer would not fit the
     engine's context (that episode gets no skill). The rollout loop submits it the moment the episode ends."""
-    ids = chat_prompt(tokenizer, build_analysis_prompt(episode))[1]
+    ids = chat_prompt(tokenizer, build_analysis_prompt(episode, env))[1]
     return ids if len(ids) + args.analysis_max_new_tokens <= args.analysis_max_len else None
 
 
@@ -615,6 +660,14 @@ def per_token(micro, sel):
                 mask=sel.float(), teacher_mask=dense(full("teacher_mask"), sel))
 
 
+def drop_env_failures(episodes, rank):
+    """The episodes without an env failure (a dead or hung worker); each dropped one is said in one line."""
+    for ep in episodes:
+        if ep["env_failure"]:
+            print(f"[rank {rank}] env failure: episode {ep['uid']} dropped from its group ({ep['env_failure']})")
+    return [ep for ep in episodes if not ep["env_failure"]]
+
+
 def probe_returns(episodes, probe_action):
     """The plumbing check's reward (--probe-action), in place of the env's: return 1 when the episode's first
     parsed action is `probe_action` (case and surrounding blanks ignored), else 0; ep["probe_hit"] says which."""
@@ -640,9 +693,12 @@ def group_signal(eps):
 LOSS_SUMS = ["pg", "kl", "opd", "gate", "gate_active", "gap", "clipped", "ratio"]
 
 
-def update_metrics(env, args, update, episodes, skills, samples, totals, grad_norms, skipped, failures, tm, mem,
-                   device, world):
-    """Step 6: the update's metrics over all ranks (a collective: every rank calls it; rank 0 gets the dict)."""
+def update_metrics(env, args, update, u, device, world):
+    """Step 6: the update's metrics over all ranks (a collective: every rank calls it; rank 0 gets the dict).
+    u: this rank's update, {episodes, skills (one per episode, None: no skill), samples (the step samples, scored),
+    failures (episodes dropped for an env failure), totals (LOSS_SUMS + tokens, teacher_tokens, summed over the
+    micro-batches), grad_norms (one per optimizer step taken), skipped (steps skipped), time (Timer), mem}."""
+    episodes, skills, samples, totals = u["episodes"], u["skills"], u["samples"], u["totals"]
     keys = list(totals)
     totals = dict(zip(keys, global_sum([totals[k] for k in keys], device)))
     eng = [abs(a - b) for s in samples if s["engine_lp"] is not None
@@ -658,7 +714,7 @@ def update_metrics(env, args, update, episodes, skills, samples, totals, grad_no
     # per-token entropy (no full-vocabulary pass needed); a collapse towards 0 means the policy stopped exploring
     nll = [float(-s["old_lp"].sum()) for s in samples], [len(s["response_ids"]) for s in samples]
     gathered = [None] * world
-    dist.all_gather_object(gathered, dict(eps=light, fails=failures, eng=eng, mem=mem, nll=(sum(nll[0]), sum(nll[1]))))
+    dist.all_gather_object(gathered, dict(eps=light, fails=u["failures"], eng=eng, mem=u["mem"], nll=(sum(nll[0]), sum(nll[1]))))
     if dist.get_rank() != 0:
         return None
     use_opd = args.opd_coef > 0
@@ -671,8 +727,7 @@ def update_metrics(env, args, update, episodes, skills, samples, totals, grad_no
     zero_var_share, signal_adv = group_signal(eps)
     env_keys = sorted({k for x in eps for k in x["env"]})
     nll_sum, nll_n = sum(g["nll"][0] for g in gathered), sum(g["nll"][1] for g in gathered)
-    metrics = {"update": update + 1, "time": time.time(), "lr": args.lr * min(1.0, (update + 1) / max(1, math.ceil(
-                   args.warmup_ratio * args.updates))) if args.warmup_ratio else args.lr,
+    metrics = {"update": update + 1, "time": time.time(), "lr": lr_at(update, args),
                "rollout/episodes": len(eps), "rollout/env_failures": sum(g["fails"] for g in gathered),
                "rollout/success_rate": mean([x["success"] for x in eps]),
                **{f"rollout/success/{c}": mean([x["success"] for x in eps if x["group"] == c])
@@ -695,14 +750,26 @@ def update_metrics(env, args, update, episodes, skills, samples, totals, grad_no
                "opd/gate_mean": opd("gate"), "opd/gate_active_ratio": opd("gate_active"),
                "opd/teacher_gap_mean": opd("gap"),
                "pg/clipfrac": totals["clipped"] / tok, "pg/ratio_mean": totals["ratio"] / tok,
-               "grad_norm": mean(grad_norms), "tokens/response": int(totals["tokens"]),
-               "train/optimizer_steps": len(grad_norms), "train/skipped_steps": skipped,
+               "grad_norm": mean(u["grad_norms"]), "tokens/response": int(totals["tokens"]),
+               "train/optimizer_steps": len(u["grad_norms"]), "train/skipped_steps": u["skipped"],
                "check/engine_lp_absdiff_mean": mean(eng_diff), "check/engine_lp_absdiff_max": max(eng_diff, default=None),
-               **{f"time/{k}": v for k, v in tm.items()},
+               **{f"time/{k}": v for k, v in u["time"].items()},
                **{k: max(g["mem"][k] for g in gathered) for k in gathered[0]["mem"]}}  # the fullest rank
     metrics["loss/total"] = metrics["loss/pg"] + args.kl_coef * metrics["loss/kl"] + \
         args.opd_coef * (metrics["loss/opd"] or 0.0)
     return metrics
+
+
+def progress_line(update, args, metrics):
+    """Step 6's one line per update on the console."""
+    g = lambda k: "-" if metrics[k] is None else f"{metrics[k]:.4g}"
+    return (f"update {update + 1}/{args.updates} | success {g('rollout/success_rate')} len "
+            f"{g('rollout/episode_length')} invalid {g('rollout/invalid_rate')} | no-signal groups "
+            f"{g('adv/zero_var_group_share')} | pg {g('loss/pg')} kl {g('loss/kl')} opd {g('loss/opd')} gate "
+            f"{g('opd/gate_mean')} cover {g('opd/teacher_coverage')} parse {g('skill/parse_rate')} | "
+            f"{metrics['time/update']:.1f}s"
+            + (" | NO TASK SIGNAL: every group's returns are equal, so GRPO's advantage is 0 everywhere"
+               if metrics["adv/zero_var_group_share"] == 1.0 else ""))
 
 
 def dump_examples(f, update, samples, episodes, skills, tokenizer, n):
@@ -720,7 +787,7 @@ def dump_examples(f, update, samples, episodes, skills, tokenizer, n):
 # Resume and checkpoints
 
 def check_resumed_stream(old_manifest, stream, env, args):
-    """A resumed run may change --updates (envs/records.py RESUME_MAY_CHANGE), so its task stream may be longer
+    """A resumed run may change --updates (common/records.py RESUME_MAY_CHANGE), so its task stream may be longer
     or shorter; the updates both runs play must still get the same tasks, and the lr warm-up (a fraction of
     --updates) must keep its length."""
     old_args = old_manifest["args"]
@@ -774,7 +841,7 @@ def save_checkpoint(policy, optimizer, tokenizer, args, update, metrics, rank):
     index). Each is written under a temporary name and renamed into place, so neither is ever half written;
     the trainer state last, so a kill before it is complete resumes from the previous update, which plays
     this one again and rewrites its HF folder. The trainer state keeps a complete checkpoint at every instant
-    (envs/training.py save_checkpoint_dir)."""
+    (common/checkpoints.py save_checkpoint_dir)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     hf = os.path.join(args.out, "hf", "final" if update == args.updates else f"update_{update:04d}")

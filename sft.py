@@ -53,12 +53,14 @@ from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from envs import HelpFormatter, add_env_arg, env_from_argv, load_env, require_positive
-from envs.models import load_model, load_tokenizer
-from envs.records import (append_jsonl, args_diff, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
+from common.models import load_model, load_tokenizer
+from common.tracking import Tracker, add_log_to_arg
+from common.records import (append_jsonl, args_diff, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
                           run_manifest, sha256_file, write_manifest)
-from envs.rollout import step_prompt
-from envs.training import (adamw_impl, init_distributed, latest_checkpoint, make_batch, packed_attention, print0,
-                           response_select, save_checkpoint_dir, save_hf_checkpoint, shard_model)
+from common.rollout import step_prompt
+from common.checkpoints import latest_checkpoint, save_checkpoint_dir, save_hf_checkpoint
+from common.packing import make_batch, packed_attention, response_select
+from common.training import adamw_impl, init_distributed, print0, shard_model
 from prompts.chat import sft_example
 
 def data_env(argv):
@@ -108,7 +110,7 @@ p.add_argument("--warmup-ratio", type=float, default=0.1,
 p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
 p.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
 p.add_argument("--packing", default="auto", choices=["auto", "on", "off"],
-               help="padding-free micro-batches (envs/training.py packed_attention); auto = on GPU (flash-attn, "
+               help="padding-free micro-batches (common/packing.py packed_attention); auto = on GPU (flash-attn, "
                "else PyTorch's varlen flash kernel, else FlexAttention), padded on CPU")
 p.add_argument("--activation-checkpointing", action="store_true",
                help="recompute each decoder layer in backward (less memory)")
@@ -120,6 +122,7 @@ p.add_argument("--max-steps", type=int, default=None, help="stop after this glob
 p.add_argument("--resume", action="store_true", help="require a trainer checkpoint in --out (without the flag a "
                "checkpoint found there is resumed anyway)")
 p.add_argument("--seed", type=int, default=0, help="data order (and the tiny model's init)")
+add_log_to_arg(p)
 args = p.parse_args()
 require_positive(args, "epochs", "batch_size", "micro_batch", "max_length", "save_every", "max_steps")
 
@@ -130,7 +133,7 @@ print0(f"sft: world size {world}, device {device.type}\nconfig: {json.dumps(vars
        f"diff vs paper: {json.dumps(args_diff(args, PAPER)) if args_diff(args, PAPER) else 'none'}")
 
 # ---------------------------------------------------------------------------------------------------
-# Resume: refuse other settings (envs/records.py: the flags that may change), then the last complete trainer
+# Resume: refuse other settings (common/records.py: the flags that may change), then the last complete trainer
 # checkpoint in <out>/trainer (or trainer.old, if a kill hit the swap of the two)
 data_files = ([args.data] if args.data else []) + args.bc_data
 if not data_files:
@@ -143,6 +146,7 @@ data_sha256 = sha256_file(data_files[0]) if len(data_files) == 1 else hashlib.sh
     " ".join(sha256_file(f) for f in data_files).encode()).hexdigest()
 manifest_path = os.path.join(args.out, "seed_manifest.json")
 old_manifest = check_resume(manifest_path, args, script="sft.py", out=args.out, identity={"data.sha256": data_sha256})
+tracker = Tracker(args.log_to, args.out, vars(args), rank)  # after the checks: a refused run logs nothing
 CKPT = os.path.join(args.out, "trainer")
 folder, resume = latest_checkpoint(CKPT, "trainer_state.json")
 resume = dict(resume, path=folder) if resume else None
@@ -268,7 +272,7 @@ print0(f"model: {args.model}, {sum(p.numel() for p in model.parameters()) / 1e6:
 
 def save_trainer(state):
     """Model + optimizer shards (every rank writes its own) and the position in the data. A complete
-    checkpoint exists at every instant (envs/training.py save_checkpoint_dir: a temporary folder, completed by
+    checkpoint exists at every instant (common/checkpoints.py save_checkpoint_dir: a temporary folder, completed by
     its trainer_state.json, swapped in by two renames)."""
     global saved_at
     saved_at = state["step"]
@@ -299,6 +303,10 @@ if rank == 0:
         f.writelines(json.dumps(r) + "\n" for r in keep)
     os.replace(metrics_path + ".tmp", metrics_path)
     metrics = open_jsonl_for_append(metrics_path)
+
+    def log_metrics(rec):  # metrics.jsonl, the source of truth, and the optional tracker (--log-to)
+        append_jsonl(metrics, rec)
+        tracker.log(rec)
     val_history = {str(r["epoch"]): r["val_loss"] for r in keep if r["kind"] == "val"}
 
 manifest = run_manifest("sft.py", args, paper=PAPER, model=args.model, tokenizer=tokenizer, seeds={"seed": args.seed},
@@ -376,7 +384,7 @@ if val and resume is None:
     print0(f"val loss before training: {v_loss:.4f} ({v_tok} target tokens)")
     manifest["val_loss"]["0"] = v_loss
     if rank == 0:
-        append_jsonl(metrics, dict(kind="val", step=0, epoch=0, val_loss=v_loss, val_tokens=v_tok))
+        log_metrics(dict(kind="val", step=0, epoch=0, val_loss=v_loss, val_tokens=v_tok))
 
 bar = tqdm(total=total_steps, initial=step, desc="sft", unit="step", disable=rank != 0)
 t_run = time.perf_counter()
@@ -421,7 +429,7 @@ for epoch in range(start_epoch, args.epochs):
         if device.type == "cuda":
             rec["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         if rank == 0:
-            append_jsonl(metrics, rec)
+            log_metrics(rec)
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{n_tokens / dt:.0f}")
         if step % args.save_every == 0 and b + 1 < len(batches):  # the epoch end saves anyway
@@ -433,7 +441,7 @@ for epoch in range(start_epoch, args.epochs):
         manifest["val_loss"][str(epoch + 1)] = v_loss
         if rank == 0:
             bar.write(f"epoch {epoch + 1}: val loss {v_loss:.4f} ({v_tok} target tokens)")
-            append_jsonl(metrics, dict(kind="val", step=step, epoch=epoch + 1, val_loss=v_loss, val_tokens=v_tok))
+            log_metrics(dict(kind="val", step=step, epoch=epoch + 1, val_loss=v_loss, val_tokens=v_tok))
     last = epoch + 1 == args.epochs
     hf_dir = args.out if last else os.path.join(args.out, f"epoch_{epoch + 1}")
     save_hf_checkpoint(model, tokenizer, hf_dir, rank, dtype=getattr(torch, args.save_dtype))
@@ -447,4 +455,5 @@ print0(f"done: {step} steps in {elapsed:.1f}s this run; final checkpoint in {arg
        f"(load with --model {args.out}); metrics in {metrics_path}")
 if rank == 0:
     metrics.close()
+tracker.close()
 dist.destroy_process_group()

@@ -24,10 +24,10 @@ import torch  # noqa: E402
 
 import envs.alfworld as alfworld  # noqa: E402
 from envs.alfworld import select_games  # noqa: E402
-from envs.backends import ExpertPolicy, HFBackend  # noqa: E402
-from envs.models import load_model, load_tokenizer  # noqa: E402
+from common.backends import ExpertPolicy, HFBackend  # noqa: E402
+from common.models import load_model, load_tokenizer  # noqa: E402
 from envs.pool import EnvPool  # noqa: E402
-from envs.rollout import play_episodes  # noqa: E402
+from common.rollout import play_episodes  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 p.add_argument("--split", default="valid_seen", choices=["train", "valid_seen", "valid_unseen"])

@@ -77,7 +77,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from envs import HelpFormatter  # noqa: E402
-from envs.records import (append_jsonl, git_state, model_info, open_jsonl_for_append, read_jsonl,  # noqa: E402
+from common.records import (append_jsonl, git_state, model_info, open_jsonl_for_append, read_jsonl,  # noqa: E402
                           sha256_file)
 
 METHODS = {"seed": [], "grpo": ["--opd-coef", "0"]}  # GRPO: no analysis, no teacher pass (SPEC.md, baselines)
@@ -327,7 +327,7 @@ def materialize_tiny(scratch):
     weights (`--model tiny` inside seed_rl.py would draw them from the run's --seed)."""
     path = os.path.join(scratch, "start-tiny")
     if not os.path.isfile(os.path.join(path, "config.json")):
-        from envs.models import load_model, load_tokenizer
+        from common.models import load_model, load_tokenizer
         tmp = path + ".tmp"
         load_model("tiny", seed=0).save_pretrained(tmp)
         load_tokenizer("tiny").save_pretrained(tmp)

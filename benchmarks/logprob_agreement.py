@@ -22,10 +22,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.backends import HFBackend  # noqa: E402
-from envs.models import load_model, load_tokenizer  # noqa: E402
-from envs.records import read_jsonl  # noqa: E402
-from envs.training import init_distributed, make_batch, response_select, shard_model  # noqa: E402
+from common.backends import HFBackend  # noqa: E402
+from common.models import load_model, load_tokenizer  # noqa: E402
+from common.records import read_jsonl  # noqa: E402
+from common.packing import make_batch, response_select  # noqa: E402
+from common.training import init_distributed, shard_model  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", required=True)
@@ -51,7 +52,7 @@ seeds = list(range(len(prompts)))
 
 # ---- sample with the generation backend, keeping its sampled-token log-probs
 if on_gpu:
-    from envs.backends import VLLMBackend
+    from common.backends import VLLMBackend
     eng = VLLMBackend(args.model, tok, max_model_len=max(map(len, prompts)) + args.new_tokens + 16,
                       gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep_mode=False, want_logprobs=True)
     engine_name = "vllm"

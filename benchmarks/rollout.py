@@ -7,12 +7,12 @@
 
   standalone        vllm.LLM.generate on the 128 prompts (token ids), SamplingParams(temperature 1, max 256
                     tokens, ignore_eos): the reference
-  project           envs.backends.VLLMBackend.generate on the same engine and prompts, as collect.py and
+  project           common.backends.VLLMBackend.generate on the same engine and prompts, as collect.py and
                     evaluate.py call it: per-request seeds, vLLM's detokenizer off and one batch_decode at
                     the end, Generation records
   project_logprobs  the same + the sampled tokens' log-probs, as seed_rl.py calls it (its engine check)
   project_unseeded  without per-request seeds: the cost of the wrapper alone
-  hf                envs.backends.HFBackend (transformers `generate`, bf16, SDPA) on the first --hf-prompts
+  hf                common.backends.HFBackend (transformers `generate`, bf16, SDPA) on the first --hf-prompts
 vLLM variants run --repeats times, interleaved; the fastest of each is reported. All of them share one engine,
 with the model runner the project's backend picks (V2, unless VLLM_USE_V2_MODEL_RUNNER says otherwise).
 Random weights rarely emit EOS, so nearly every request runs the full 256 tokens; tokens/s counts the
@@ -28,8 +28,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.backends import HFBackend, VLLMBackend  # noqa: E402
-from envs.models import load_tokenizer, model_config  # noqa: E402
+from common.backends import HFBackend, VLLMBackend  # noqa: E402
+from common.models import load_tokenizer, model_config  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--config", default="Qwen2.5-1.5B-Instruct")

@@ -70,10 +70,10 @@ MIN_LEFT = 90  # seconds a part needs at least (an engine start and some work); 
 def rollout_child(parts, out_path):
     import torch
     import envs.alfworld as alfworld
-    from envs.backends import HFBackend, VLLMBackend
-    from envs.models import load_model, load_tokenizer
+    from common.backends import HFBackend, VLLMBackend
+    from common.models import load_model, load_tokenizer
     from envs.pool import EnvPool
-    from envs.rollout import play_episodes
+    from common.rollout import play_episodes
 
     res = {"parts": {}}
     t0 = time.perf_counter()

@@ -44,8 +44,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.models import model_config  # noqa: E402
-from envs.training import adamw_impl, init_distributed, make_batch, packed_attention, shard_model  # noqa: E402
+from common.models import model_config  # noqa: E402
+from common.packing import make_batch, packed_attention  # noqa: E402
+from common.training import adamw_impl, init_distributed, shard_model  # noqa: E402
 from seed_rl import micro_batch_logprobs, plan_micro_batches, seed_loss  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -252,7 +253,7 @@ def project_step(mini, packed, **kw):
         seqs = [(ids[i], *lengths[i]) for i in micro]
         lp, batch, sel = micro_batch_logprobs(model, seqs, device, packed)
         m = sel.float()
-        loss, _ = seed_loss(lp, lp.detach(), lp.detach(), lp.detach() + 0.1, m * 0.5, m, m, n_tok, n_tok)
+        loss = seed_loss(lp, lp.detach(), lp.detach(), lp.detach() + 0.1, m * 0.5, m, m, n_tok, n_tok)["loss"]
         loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()

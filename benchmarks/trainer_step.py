@@ -29,8 +29,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.models import model_config  # noqa: E402
-from envs.training import _TokenLogprob, adamw_impl, init_distributed, response_select, shard_model, make_batch  # noqa: E402
+from common.models import model_config  # noqa: E402
+from common.packing import response_select, make_batch  # noqa: E402
+from common.training import _TokenLogprob, adamw_impl, init_distributed, shard_model  # noqa: E402
 from seed_rl import seed_loss  # noqa: E402
 
 p = argparse.ArgumentParser()
@@ -149,7 +150,7 @@ def project_step(clip=True):
     lp = model.token_logprobs(batch["input_ids"], batch["targets"], sel, attention_mask=batch.get("attention_mask"),
                               chunk_size=chunk)
     m = sel.float()
-    loss, _ = seed_loss(lp, lp.detach(), lp.detach(), lp.detach() + 0.1, zeros + 0.5, m, m, float(m.sum()), float(m.sum()))
+    loss = seed_loss(lp, lp.detach(), lp.detach(), lp.detach() + 0.1, zeros + 0.5, m, m, float(m.sum()), float(m.sum()))["loss"]
     loss.backward()
     if clip:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

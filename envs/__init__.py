@@ -1,13 +1,11 @@
-"""The thin shared layer of every stage, and the env interface.
+"""The env interface: one module per benchmark, and the few helpers that pick one from --env.
 
 envs.alfworld  ALFWorld (TextWorld): game lists, deterministic task choice, one game, its prompt and parser
+envs.webshop   WebShop (a product catalog with BM25 search): instructions, one shopping session, its reward
 envs.search    Search (Search-R1 style retrieval QA): question files, splits, one question, its prompt and parser
 envs.retriever the Search env's BM25 retriever server (python -m envs.retriever) and its HTTP client
 envs.pool      a batched env interface over worker processes (dead/hung workers replaced)
-envs.rollout   the multi-turn rollout loop and episode summaries (env-agnostic: it calls only the interface)
-envs.backends  generation backends (vLLM, HF generate, scripted expert/analyzer) and model/tokenizer loading
-envs.records   append-only JSONL that survives kills, the run manifest, and the episode record schema
-envs.training  FSDP2, chunked token log-probs, micro-batches, HF checkpoints
+The run plumbing every stage shares (rollout loop, backends, records, trainer) is the package common/.
 
 One module per benchmark, each exposing the same few names (no base class, no registry: the dict below).
 A reader compares two envs side by side; a new env is one more module with these names:

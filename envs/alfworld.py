@@ -3,6 +3,15 @@
 The same names as every env module (envs/__init__.py): the paper preset, the task lists, one game played in an
 env worker, the agent prompt, the action parser, the step reward, the summary columns, a scripted expert.
 
+One step, worked through (a pick-and-place game; the prompt is `build_prompt`'s, shortened):
+
+    prompt    ... Your task is to: put a clean apple in fridge. ... Your admissible actions of the current
+              situation are: ['go to countertop 1', 'go to fridge 1', ..., 'look', 'inventory'] ...
+    response  <think>The apple may be in the fridge.</think><action>go to fridge 1</action>
+    parsed    ("go to fridge 1", valid=True, reason="")   (parse_action; action_to_execute runs it as is)
+    feedback  You arrive at fridge 1. The fridge 1 is closed.
+    reward    0.0 (+10 at the step the game is won; an invalid step: -0.1)
+
 Game files come from alfworld's own `AlfredTWEnv.collect_game_files` (the solvable games of a split, as
 its trainer sees them); each game is played through TextWorld with alfworld's wrappers, exactly as
 `AlfredTWEnv.init_env` builds its envs (AlfredDemangler without shuffling, AlfredInfos), one game per
@@ -73,7 +82,7 @@ def data_dir():
     if explicit:
         sys.exit(f"ALFWorld games not found: $ALFWORLD_DATA={d} has no json_2.1.1/. Unset ALFWORLD_DATA to use "
                  f"{DATA_HOME}, or fill this folder: `alfworld-download --data-dir {d}`")
-    from envs.models import shared_dir
+    from common.paths import shared_dir
     archive = os.path.join(shared_dir(), "alfworld", "alfworld-data.tar.xz")
     if not os.path.isfile(archive):
         sys.exit(f"ALFWorld games not found in {d}. Get them with `alfworld-download` (internet; it writes "
@@ -349,7 +358,7 @@ def episode_stats(episode):
 def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
     """The preset's data: the Stage 1 task set and the RL task stream, per type, with checks against the
     paper's Table 3 (as SPEC.md states it). Returns (printable lines, checks {name: ok}, manifest dict)."""
-    from envs.records import games_summary
+    from common.records import games_summary
     stage1, stream = stage1_tasks(seed, stage1_n), rl_tasks(seed, tasks_per_update * updates)
     s1, rl = games_summary(stage1), games_summary(stream)
     rollouts = PRESET["rollouts"]

@@ -8,7 +8,7 @@ Two ways to drive it:
   blocking      reset(games) / step({slot: action}): send a batch, wait for every answer (the tests, simple
                 callers)
   non-blocking  submit(slot, cmd, arg) sends one command and returns at once; poll(timeout) hands back the
-                answers that have arrived, [(slot, reply)], so the rollout loop (envs/rollout.py) steps the
+                answers that have arrived, [(slot, reply)], so the rollout loop (common/rollout.py) steps the
                 env of one episode while the engine generates for the others. A worker answers each command
                 as soon as it is done, not when its whole batch is.
 

@@ -44,7 +44,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from envs.records import sha256_file
+from common.records import sha256_file
 
 # bm25s uses JAX for its top-k when JAX is installed, and JAX then takes 75% of the GPU's memory at import (seen
 # on the H200: a vLLM engine on the same GPU found 34 of 140 GiB free). BM25 runs on the CPU here.
@@ -70,10 +70,9 @@ def open_text(path):
     return lzma.open(path, "rt", encoding="utf-8") if path.endswith(".xz") else open(path, encoding="utf-8")
 
 
-def read_corpus(path):
-    """[{"id", "contents"}] of a wiki-18 JSONL corpus, in file order. Blank lines are skipped; anything else
-    that is not a JSON object with string "id" and "contents" raises CorpusError naming the line."""
-    docs, seen = [], {}
+def json_lines(path, error, what=""):
+    """(line number, row) of every non-blank line of a JSONL file (plain or .xz); a line that is not JSON
+    raises `error` naming it ("<path>:<line>: <what>not JSON (<why>)")."""
     with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -81,17 +80,25 @@ def read_corpus(path):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise CorpusError(f"{path}:{lineno}: corpus line is not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise CorpusError(f"{path}:{lineno}: corpus line is not a JSON object")
-            for key in ("id", "contents"):
-                if not isinstance(row.get(key), str):
-                    raise CorpusError(f"{path}:{lineno}: missing string field {key!r} (wiki-18 rows are "
-                                      f'{{"id", "contents"}}, contents = "Title"\\ntext)')
-            if row["id"] in seen:
-                raise CorpusError(f"{path}:{lineno}: duplicate id {row['id']!r} (first at line {seen[row['id']]})")
-            seen[row["id"]] = lineno
-            docs.append({"id": row["id"], "contents": row["contents"]})
+                raise error(f"{path}:{lineno}: {what}not JSON ({e.msg})") from None
+            yield lineno, row
+
+
+def read_corpus(path):
+    """[{"id", "contents"}] of a wiki-18 JSONL corpus, in file order. Blank lines are skipped; anything else
+    that is not a JSON object with string "id" and "contents" raises CorpusError naming the line."""
+    docs, seen = [], {}
+    for lineno, row in json_lines(path, CorpusError, "corpus line is "):
+        if not isinstance(row, dict):
+            raise CorpusError(f"{path}:{lineno}: corpus line is not a JSON object")
+        for key in ("id", "contents"):
+            if not isinstance(row.get(key), str):
+                raise CorpusError(f"{path}:{lineno}: missing string field {key!r} (wiki-18 rows are "
+                                  f'{{"id", "contents"}}, contents = "Title"\\ntext)')
+        if row["id"] in seen:
+            raise CorpusError(f"{path}:{lineno}: duplicate id {row['id']!r} (first at line {seen[row['id']]})")
+        seen[row["id"]] = lineno
+        docs.append({"id": row["id"], "contents": row["contents"]})
     if not docs:
         raise CorpusError(f"{path}: the corpus is empty")
     return docs

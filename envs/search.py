@@ -35,7 +35,9 @@ import random
 import re
 import string
 
-from envs.retriever import RetrieverError, check_retriever, open_text, retrieve
+from common.paths import shared_dir
+from common.tasks import seeded_cycle
+from envs.retriever import RetrieverError, check_retriever, json_lines, retrieve
 from prompts.agent import skill_block
 
 NAME = "search"
@@ -60,11 +62,8 @@ SPLITS = ("train", "val", "test")
 
 
 def default_data_dir():
-    """$SEARCH_DATA, else ../shared/search beside the checkout (resolved without importing envs.backends,
-    which imports torch: pool workers load this module and should start fast)."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.environ.get("SEARCH_DATA") or os.path.join(os.environ.get("SHARED", os.path.join(
-        os.path.dirname(repo), "shared")), "search")
+    """$SEARCH_DATA, else ../shared/search (common/paths.py shared_dir)."""
+    return os.environ.get("SEARCH_DATA") or shared_dir("search")
 
 
 def add_args(parser):
@@ -199,15 +198,8 @@ def read_questions(path):
         for i, row in enumerate(pq.read_table(path).to_pylist()):
             out.append(_row(row, f"{path}: row {i}", default_source, i))
     else:
-        with open_text(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise QuestionFileError(f"{path}:{lineno}: not JSON ({e.msg})") from None
-                out.append(_row(row, f"{path}:{lineno}", default_source, lineno - 1))
+        for lineno, row in json_lines(path, QuestionFileError):
+            out.append(_row(row, f"{path}:{lineno}", default_source, lineno - 1))
     if not out:
         raise QuestionFileError(f"{path}: no questions")
     return tuple(out)
@@ -301,19 +293,8 @@ def ensure_retriever(args):
             raise SystemExit(f"error: {e}") from None
 
 
-def _draw(items, seed, n):
-    """n items of seeded shuffles, one pass after another (a pass is a full reshuffle), so n may exceed
-    len(items): Stage 2 plays 19,200 task instances of a train set that may be smaller."""
-    rng, out = random.Random(seed), []
-    while len(out) < n:
-        batch = list(items)
-        rng.shuffle(batch)
-        out += batch[:n - len(out)]
-    return out
-
-
 def _train_tasks(seed, n, args, split="train"):
-    return [make_task(q, split, args) for q in _draw(split_questions(split, args), seed, n)]
+    return [make_task(q, split, args) for q in seeded_cycle(split_questions(split, args), seed, n)]
 
 
 def stage1_tasks(seed, n, args=None):
@@ -353,7 +334,7 @@ def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
     """The preset's data (evaluate.py --data-manifest): the Stage 1 set, the RL stream and the val/test
     questions per data source, with checks. Returns (printable lines, checks {name: ok}, manifest dict).
     Needs no retriever."""
-    from envs.records import games_summary
+    from common.records import games_summary
     stage1, stream = _train_tasks(seed, stage1_n, args), _train_tasks(seed, tasks_per_update * updates, args)
     train, val, test = (split_questions(s, args) for s in ("train", "val", "test"))
     s1, rl = games_summary(stage1), games_summary(stream)

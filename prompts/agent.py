@@ -48,14 +48,15 @@ def parse_action(text, admissible=None, require_think=True):
     return action, True, ""
 
 
-def action_to_execute(text, action, fallback=None):
+def action_to_execute(text, action, fallback=None, tail_chars=FALLBACK_CHARS, blank="look"):
     """What the env executes for a step: the parsed action when there is one (an inadmissible one gets
-    "Nothing happens."); otherwise `fallback` if set (e.g. 'look'), else the last 30 characters of the
-    lower-cased response (the public code's rule), which the env also answers with "Nothing happens."; never
-    an empty command ('look' for an empty or blank response)."""
+    "Nothing happens."); otherwise `fallback` if set (e.g. 'look'), else the last `tail_chars` characters of
+    the lower-cased response (the public code's rule: 30 in ALFWorld, 20 in WebShop), which the env also
+    answers with "Nothing happens."; for an empty or blank response `blank` ('look': never an empty command;
+    None: the blank tail itself)."""
     if action:
         return action
     if fallback:
         return fallback
-    tail = str(text or "").lower()[-FALLBACK_CHARS:]
-    return tail if tail.strip() else "look"
+    tail = str(text or "").lower()[-tail_chars:]
+    return tail if tail.strip() or blank is None else blank

@@ -35,12 +35,6 @@ ANALYSIS_MAX_CHARS = 24_000
 _ENV_BOUND = object()
 
 
-def episode_env(episode):
-    """The env module of a recorded episode (records written before envs had names are ALFWorld's)."""
-    from envs import load_env
-    return load_env(episode.get("env", "alfworld"))
-
-
 def outcome_text(episode):
     n = episode["length"]
     return f"SUCCESS (the task was completed in {n} steps)" if episode["success"] else \
@@ -58,14 +52,15 @@ def serialize_steps(steps, max_response_chars=None):
     return "\n\n".join(out)
 
 
-def build_analysis_prompt(episode, *, max_chars=_ENV_BOUND, reminder=None):
-    """The analysis prompt for a collected episode (collect.py's record format), describing its env.
+def build_analysis_prompt(episode, env, *, max_chars=_ENV_BOUND, reminder=None):
+    """The analysis prompt for a collected episode (collect.py's record format), describing its env (the env
+    module: its ENV_DESCRIPTION and PRESET["analysis_max_chars"]; the caller passes it, so prompts/ never
+    imports envs/, which imports prompts/).
 
     max_chars bounds the prompt (default: the episode's env's bound; None: no bound): first each response is
     shortened, then the oldest steps are dropped (said in the prompt), never silently.
     reminder: None, or the reason of the previous parse failure (adds the stricter reminder).
     """
-    env = episode_env(episode)
     if max_chars is _ENV_BOUND:
         max_chars = env.PRESET["analysis_max_chars"]
     steps = episode["steps"]

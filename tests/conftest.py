@@ -34,7 +34,7 @@ def run_script(args, timeout=600, check=True, **kw):
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from envs.models import load_tokenizer
+    from common.models import load_tokenizer
     return load_tokenizer("tiny")
 
 

@@ -12,8 +12,9 @@ import time
 import pytest
 
 from conftest import REPO, run_script
-from envs.records import read_jsonl
+from common.records import read_jsonl
 from openai_fake import FakeOpenAI, Reply, good_answer
+from envs import load_env
 from prompts import build_analysis_prompt, target_json
 
 KEY = "sk-fake-SEEDTEST-4f1c9e27b0d8"  # recognisable: must reach the server and nothing else
@@ -204,7 +205,7 @@ def test_sft_file_has_one_line_per_parsed_annotation_and_traces_back(scripted_ru
         assert ex["trajectory_uid"] == ann["trajectory_uid"] and os.path.samefile(ex["trajectory_file"], scripted_run["traj"])
         ep = eps[ex["trajectory_uid"]]
         # the prompt is the plain analysis prompt (no reminder, even when the answer came on a retry)
-        assert ex["prompt"] == build_analysis_prompt(ep) and REMINDER not in ex["prompt"]
+        assert ex["prompt"] == build_analysis_prompt(ep, load_env(ep.get("env", "alfworld"))) and REMINDER not in ex["prompt"]
         assert ex["target"] == target_json(ann) and json.loads(ex["target"])["episode_skill"] == SKILL
         assert ex["split"] in ("train", "val") and ex["outcome"] == "success"
 

@@ -1,4 +1,4 @@
-"""envs/backends.py: what the generation backends ask their engines for, and what they hand back.
+"""common/backends.py: what the generation backends ask their engines for, and what they hand back.
 
 VLLMBackend needs CUDA, so its tests use the one stand-in of the suite, a fake `vllm` module. It records what
 the backend asks vLLM for (SamplingParams per request, token-id prompts, engine arguments) and answers in
@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from envs.backends import HFBackend, VLLMBackend
+from common.backends import HFBackend, VLLMBackend
 
-from envs.models import load_model
+from common.models import load_model
 
 
 class FakeEngine:
@@ -234,7 +234,7 @@ def test_the_rollout_loop_drives_the_engine_request_by_request(fake_vllm, tokeni
     responses recorded are the engine's."""
     import envs.alfworld as alfworld
     from envs.pool import EnvPool
-    from envs.rollout import play_episodes, sample_seed
+    from common.rollout import play_episodes, sample_seed
 
     eng = VLLMBackend("some/model", tokenizer, max_model_len=4096, want_logprobs=True)
     specs = [dict(uid=f"e{i}", name=f"r{i}", seed=4, delay=0.05 * i) for i in range(3)]

@@ -9,7 +9,7 @@ import threading
 import time
 
 from conftest import REPO, run_script
-from envs.models import shared_dir
+from common.models import shared_dir
 
 
 def one_line_error(res):
@@ -48,7 +48,7 @@ def test_missing_alfworld_games_name_the_one_command(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------
-# --model that cannot load (envs/models.py check_model): one line naming it, no hub call for a local path
+# --model that cannot load (common/models.py check_model): one line naming it, no hub call for a local path
 
 class HubSpy:
     """A TCP listener standing in for the hub (HF_ENDPOINT): it counts the connections the scripts open."""

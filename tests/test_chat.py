@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 import prompts
-from envs.models import default_tokenizer_path
+from common.models import default_tokenizer_path
 from prompts.chat import (THINKING_DEFAULT, chat_prompt, requires_think_tags, resolve_thinking, sft_example,
                           supports_thinking, template_kwargs)
 

@@ -1,4 +1,4 @@
-"""Trainer checkpoints against a kill at every step of a save (envs/training.py save_checkpoint_dir, used by
+"""Trainer checkpoints against a kill at every step of a save (common/checkpoints.py save_checkpoint_dir, used by
 seed_rl.py and sft.py): at every instant a complete checkpoint exists, and the next start takes the last
 complete one. Here each named step of the save raises in place of a kill (no cleanup runs after a kill point,
 so the files are what a SIGKILL there leaves); tests/test_seed_rl.py and tests/test_sft.py SIGKILL the real
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from envs import training
-from envs.training import latest_checkpoint, save_checkpoint_dir
+from common import checkpoints
+from common.checkpoints import latest_checkpoint, save_checkpoint_dir
 
 # the steps of a save in order, and the update a start right after a kill there resumes from (saving update 2
 # over update 1): before the swap the previous checkpoint, from `checkpoint` or `checkpoint.old`
@@ -31,7 +31,7 @@ def save(path, update, kill_at=None, monkeypatch=None):
     def point(name):
         if name == kill_at:
             raise Killed(name)
-    monkeypatch.setattr(training, "kill_point", point)
+    monkeypatch.setattr(checkpoints, "kill_point", point)
     sd = weights(update)
     try:
         save_checkpoint_dir(path, lambda tmp: dcp.save(sd, checkpoint_id=tmp), "state.json", {"update": update}, 0)

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO, interrupt, run_script
 from envs.alfworld import select_games
-from envs.records import read_jsonl
+from common.records import read_jsonl
 
 ARGS = ["--model", "expert", "--split", "valid_seen", "--tasks", "6", "--rollouts", "1", "--seed", "5",
         "--shard", "0/2", "--batch-episodes", "1", "--workers", "1"]

@@ -7,7 +7,7 @@ import math
 
 from conftest import run_script
 from envs import ENVS, load_env
-from envs.rollout import step_prompt
+from common.rollout import step_prompt
 from seed_rl import grpo_advantages, group_signal, probe_returns
 
 
@@ -85,7 +85,7 @@ def test_bc_examples_and_scripted_skills_train_one_sft(expert_trajectories, tmp_
     # the prompt of a BC example is the step's plain prompt, the same text the rollout generated from
     ep = eps[0]
     t = 2
-    from envs.models import load_tokenizer
+    from common.models import load_tokenizer
     from prompts.chat import chat_prompt
     text, _ = chat_prompt(load_tokenizer("tiny"), step_prompt(ep, t, ep["steps"][t]["history_used"]))
     assert text == ep["steps"][t]["prompt"]

@@ -11,7 +11,7 @@ import time
 import pytest
 
 # Light imports only: the pool's workers import this module for `make_fake_game` (torch, via
-# envs.backends, would add seconds to every worker start); the rollout tests import it inside the test.
+# common.backends, would add seconds to every worker start); the rollout tests import it inside the test.
 import envs.alfworld as alfworld
 from envs.alfworld import (SPLITS, TASK_TYPES, list_games, rl_task_stream, select_games, task_id_of, task_type_of,
                            walkthrough)
@@ -99,8 +99,8 @@ def _alive(pid, zombie_is_dead=False):
 
 @pytest.mark.parametrize("lockstep", [True, False], ids=["lockstep", "per-episode"])
 def test_killed_worker_is_replaced_mid_episode(tokenizer, lockstep):
-    from envs.backends import ExpertPolicy
-    from envs.rollout import play_episodes, summarize_episodes
+    from common.backends import ExpertPolicy
+    from common.rollout import play_episodes, summarize_episodes
 
     class KillerPolicy(ExpertPolicy):
         """The expert, except that before answering slot 0's second step it SIGKILLs `pid` (a pool worker)."""

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO, interrupt, run_script
 from envs.alfworld import TASK_TYPES, TYPE_ORDER, list_games, task_id_of, walkthrough
-from envs.records import games_sha256, read_jsonl
+from common.records import games_sha256, read_jsonl
 
 COLUMNS = TYPE_ORDER + ["Avg", "All"]
 TINY = ["--model", "tiny", "--splits", "valid_seen", "--limit", "3", "--samples", "2", "--max-steps", "3",
@@ -258,7 +258,7 @@ def test_report_axes_lines_and_small_numbers(tmp_path, monkeypatch):
     distinguishable (their own line style and marker); values too small for the summary's decimals are in
     scientific notation, not 0.0000."""
     import matplotlib.figure
-    from envs.report import write_report
+    from common.report import write_report
     runs = tmp_path / "runs"
     for name in ("grpo", "seed"):
         (runs / name).mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""envs/records.py run manifest: every field the reading guide asks for, each checked against an independent
+"""common/records.py run manifest: every field the reading guide asks for, each checked against an independent
 reading (git itself, importlib.metadata, the tokenizer's files, a hub-cache snapshot folder built here); and the
 one resume check of all five scripts (other settings refused by name, the flags that may change, resume entries)."""
 import argparse
@@ -14,8 +14,8 @@ import pytest
 
 from conftest import REPO
 from envs.alfworld import select_games
-from envs.models import shared_dir
-from envs.records import (PACKAGES, args_diff, check_resume, games_sha256, games_summary, model_info,
+from common.models import shared_dir
+from common.records import (PACKAGES, args_diff, check_resume, games_sha256, games_summary, model_info,
                           resumed_manifest, run_manifest, tokenizer_info, write_manifest)
 
 PAPER = dict(splits="valid_seen,valid_unseen", temperature=0.4, max_steps=30, history=5, max_new_tokens=512)
@@ -140,7 +140,7 @@ def test_tokenizer_info_without_template_is_explicit(tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Resuming into an existing output: the one check of all five scripts (envs/records.py)
+# Resuming into an existing output: the one check of all five scripts (common/records.py)
 
 def _first_run(tmp_path, script="seed_rl.py", **flags):
     args = argparse.Namespace(**dict(dict(lr=1e-6, opd_coef=0.01, updates=150, save_every=10, seed=0, out="x"),
@@ -196,7 +196,7 @@ def test_resume_with_another_task_list_or_data_file_is_refused(tmp_path):
 
 
 def test_git_state_keeps_the_launchers_commit_beside_gits(monkeypatch):
-    from envs.records import git_state
+    from common.records import git_state
     monkeypatch.delenv("SEED_CODE_COMMIT", raising=False)
     plain = git_state()
     assert "launcher_commit" not in plain

@@ -1,14 +1,15 @@
 """Packed (padding-free) micro-batches against padded ones, on CPU with the tiny model and real Qwen2.5 token
 ids: the same response log-probs and parameter gradients, no attention across the sequences of a pack, and
-seed_rl.py's loss the same whatever the layout or the micro-batch split (envs/training.py, seed_rl.py)."""
+seed_rl.py's loss the same whatever the layout or the micro-batch split (common/training.py, seed_rl.py)."""
 import types
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from envs.models import load_model
-from envs.training import _token_logprobs, gather_response, make_batch, packed_attention, response_select
+from common.models import load_model
+from common.packing import gather_response, make_batch, packed_attention, response_select
+from common.training import _token_logprobs
 
 CPU = torch.device("cpu")
 RTOL = 1e-5  # fp32 on CPU: the layouts differ only in summation order
@@ -178,8 +179,8 @@ def seed_rl_loss_and_grads(model, seqs, extras, packed, **plan):
         mask = sel.float() if micro else torch.zeros_like(sel, dtype=torch.float32)
         per_tok = lambda key: seed_rl.dense([e[key] for _, e in micro], sel) if micro else torch.zeros_like(mask)
         full = lambda key: seed_rl.dense([torch.full((r,), e[key]) for (_, _, r), e in micro], sel) if micro else mask
-        loss, _ = seed_rl.seed_loss(lp, per_tok("old"), per_tok("ref"), per_tok("teacher"), full("adv"), mask,
-                                    full("tmask"), n_tok, n_teach)
+        loss = seed_rl.seed_loss(lp, per_tok("old"), per_tok("ref"), per_tok("teacher"), full("adv"), mask,
+                                 full("tmask"), n_tok, n_teach)["loss"]
         loss.backward()
         total += float(loss.detach())
     return total, {n: p.grad.clone() for n, p in model.named_parameters()}

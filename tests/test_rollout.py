@@ -1,4 +1,4 @@
-"""envs/rollout.py: the multi-turn loop (prompt -> generate -> parse -> env -> records) on real ALFWorld games
+"""common/rollout.py: the multi-turn loop (prompt -> generate -> parse -> env -> records) on real ALFWorld games
 with the real Qwen2.5 tokenizer and chat template, and the loop's own schedule (each episode at its own pace)
 on deterministic fake games (tests/fake_games.py) with the tiny random model.
 
@@ -13,11 +13,11 @@ import pytest
 
 import envs.alfworld as alfworld
 from envs.alfworld import INVALID_PENALTY, WIN_REWARD, select_games, walkthrough
-from envs.backends import BatchBackend, ExpertPolicy, Generation, HFBackend, ScriptedAnalyzer
-from envs.models import load_model, stop_token_ids
+from common.backends import BatchBackend, ExpertPolicy, Generation, HFBackend, ScriptedAnalyzer
+from common.models import load_model, stop_token_ids
 from envs.pool import EnvPool
-from envs.records import read_jsonl
-from envs.rollout import Clock, format_summary, play_episodes, step_prompt, summarize_episodes
+from common.records import read_jsonl
+from common.rollout import Clock, format_summary, play_episodes, step_prompt, summarize_episodes
 from envs.alfworld import CLOSING, ROLE, build_agent_prompt
 from prompts import chat_prompt, skill_block
 
@@ -63,7 +63,7 @@ class ScriptedPolicy(BatchBackend):
 
 def _prompt_len(tokenizer, ep, t, k):
     """Token count of step t's (0-based) templated prompt with its last k history entries, rebuilt here from
-    the recorded steps (independently of envs.rollout.step_prompt)."""
+    the recorded steps (independently of common.rollout.step_prompt)."""
     s = ep["steps"]
     hist = [(s[j]["observation"], s[j]["executed"]) for j in range(t - k, t)]
     user = build_agent_prompt(s[t]["observation"], s[t]["admissible"], step=t + 1, task=ep["task"], history=hist)

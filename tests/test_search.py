@@ -844,7 +844,7 @@ def test_preset_and_flags():
 # The chain with --env search against the real server (scripts as subprocesses)
 
 def test_collect_expert_wins_end_to_end(real_server, tmp_path):
-    from envs.records import read_jsonl
+    from common.records import read_jsonl
     from conftest import run_script
     out = tmp_path / "traj.jsonl"
     res = run_script(["collect.py", "--env", "search", "--model", "expert", "--tasks", "3", "--rollouts", "2",

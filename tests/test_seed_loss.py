@@ -57,7 +57,8 @@ def _loss(lp, old, ref, teacher, adv, mask=None, tmask=None, **kw):
     mask = t(mask if mask is not None else [1.0] * len(lp))
     tmask = t(tmask if tmask is not None else [1.0] * len(lp))
     n, nt = float(mask.sum()), float((mask * tmask).sum())
-    loss, sums = seed_loss(lp, t(old), t(ref), t(teacher), t(adv), mask, tmask, n, nt, **kw)
+    sums = seed_loss(lp, t(old), t(ref), t(teacher), t(adv), mask, tmask, n, nt, **kw)
+    loss = sums.pop("loss")
     loss.backward()
     return loss.item(), lp.grad.tolist(), {k: float(v) for k, v in sums.items()}
 
@@ -151,20 +152,20 @@ def test_gradcheck_full_loss():
     adv, mask = torch.randn(n, dtype=torch.float64), torch.tensor([1, 1, 0, 1, 1, 1, 0], dtype=torch.float64)
     tmask = torch.tensor([1, 0, 1, 1, 0, 1, 1], dtype=torch.float64)
     # PPO + KL: the analytic gradient equals the numerical one
-    f = lambda x: seed_loss(x, old, ref, teacher, adv, mask, tmask, 5.0, 3.0, kl_coef=0.3, opd_coef=0.0)[0]
+    f = lambda x: seed_loss(x, old, ref, teacher, adv, mask, tmask, 5.0, 3.0, kl_coef=0.3, opd_coef=0.0)["loss"]
     assert torch.autograd.gradcheck(f, (lp0.clone().requires_grad_(),))
     # + OPD: the gate is a stop-gradient weight, so the gradient is that of the surrogate in which the
     # gate is frozen at the current log-probs: sum(g0 * (teacher - lp) * mt) / n_teacher
     g0 = torch.sigmoid(5.0 * (teacher - lp0))
     frozen = lambda x: f(x) + 0.5 * (g0 * (teacher - x) * mask * tmask).sum() / 3.0
     lp = lp0.clone().requires_grad_()
-    seed_loss(lp, old, ref, teacher, adv, mask, tmask, 5.0, 3.0, kl_coef=0.3, opd_coef=0.5)[0].backward()
+    seed_loss(lp, old, ref, teacher, adv, mask, tmask, 5.0, 3.0, kl_coef=0.3, opd_coef=0.5)["loss"].backward()
     x = lp0.clone().requires_grad_()
     frozen(x).backward()
     assert torch.allclose(lp.grad, x.grad, atol=1e-12)
     assert torch.autograd.gradcheck(frozen, (lp0.clone().requires_grad_(),))
     # and the value at lp0 is the same
-    assert seed_loss(lp0, old, ref, teacher, adv, mask, tmask, 5.0, 3.0, kl_coef=0.3, opd_coef=0.5)[0].item() == \
+    assert seed_loss(lp0, old, ref, teacher, adv, mask, tmask, 5.0, 3.0, kl_coef=0.3, opd_coef=0.5)["loss"].item() == \
         pytest.approx(frozen(lp0).item())
 
 
@@ -172,9 +173,9 @@ def test_gradcheck_full_loss():
 # Dual-context scoring: the same response tokens in both contexts, with the real tokenizer
 
 def test_plain_and_skill_contexts_score_the_same_tokens(tokenizer, expert_trajectories):
-    from envs.records import read_jsonl
-    from envs.rollout import step_prompt
-    from envs.training import make_batch, response_select
+    from common.records import read_jsonl
+    from common.rollout import step_prompt
+    from common.packing import make_batch, response_select
     from prompts import SKILL_TITLE, chat_prompt
     ep = read_jsonl(expert_trajectories)[0]
     skill = "First find the object, then take it to the target receptacle and put it there."
@@ -210,7 +211,7 @@ def test_plain_and_skill_contexts_score_the_same_tokens(tokenizer, expert_trajec
 # log-prob under the plain prompt and shrinks the gap.
 
 def test_opd_moves_plain_policy_toward_skill_context(tokenizer):
-    from envs.models import load_model
+    from common.models import load_model
     from prompts import chat_prompt, skill_block
     torch.manual_seed(0)
     model = load_model("tiny", seed=3)
@@ -242,8 +243,8 @@ def test_opd_moves_plain_policy_toward_skill_context(tokenizer):
         with torch.no_grad():
             teacher, old = lp(skill, a), lp(plain, a)
         cur = lp(plain, a)
-        loss, _ = seed_loss(cur, old, old, teacher, 0 * ones, ones, ones, len(a), len(a),
-                            kl_coef=0.0, opd_coef=1.0)  # GRPO off: advantages 0; no KL
+        loss = seed_loss(cur, old, old, teacher, 0 * ones, ones, ones, len(a), len(a),
+                         kl_coef=0.0, opd_coef=1.0)["loss"]  # GRPO off: advantages 0; no KL
         opt.zero_grad(), loss.backward(), opt.step()
     with torch.no_grad():
         plain1, gap1 = lp(plain, a).sum().item(), (lp(skill, a) - lp(plain, a)).sum().item()
@@ -252,11 +253,11 @@ def test_opd_moves_plain_policy_toward_skill_context(tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Log-probs of given tokens through the chunked LM head (envs/training.py): same values and gradients as
+# Log-probs of given tokens through the chunked LM head (common/training.py): same values and gradients as
 # the full-logits computation, without a [tokens, vocab] block
 
 def test_chunked_token_logprob_gradcheck():
-    from envs.training import _TokenLogprob
+    from common.training import _TokenLogprob
     torch.manual_seed(0)
     h = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
     w = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
@@ -271,7 +272,7 @@ def test_chunked_token_logprob_bf16_gradients_of_confident_tokens():
     """In bf16 (the GPU compute dtype) the gradients stay within bf16 rounding of the exact ones for the same
     bf16 logits, also for the rows of tokens the model is sure of (0.99 < p < 0.9999, where p rounds to 1.0
     in bf16: 1 - p must come from the fp32 log-prob, or those rows' gradients are wrong by over 100%)."""
-    from envs.training import _TokenLogprob
+    from common.training import _TokenLogprob
     torch.manual_seed(0)
     n, d, v = 64, 16, 64
     w = torch.randn(v, d).bfloat16()
@@ -296,8 +297,9 @@ def test_chunked_token_logprob_bf16_gradients_of_confident_tokens():
 
 
 def test_token_logprobs_match_full_logits_values_and_parameter_grads():
-    from envs.models import load_model
-    from envs.training import _token_logprobs, make_batch, response_select
+    from common.models import load_model
+    from common.packing import make_batch, response_select
+    from common.training import _token_logprobs
     model = load_model("tiny", seed=1)
     seqs = [[5, 17, 99, 3, 42, 8, 8, 1000], [7, 7, 300, 12, 4]]
     spans = [(3, 4), (2, 2)]

@@ -74,7 +74,7 @@ def test_two_processes_match_one_process(one_process, tmp_path):
 @pytest.mark.slow  # ~65 s on 2 idle cores: the killed run plays 2 updates, the resumed one 1
 def test_kill_mid_save_then_resume_matches_uninterrupted(one_process, tmp_path):
     """SIGKILL inside update 2's checkpoint save, at the step that used to leave no checkpoint at all: the old
-    one renamed away, the new one not yet in place ($SEED_KILL_AT, envs/training.py kill_point). The same
+    one renamed away, the new one not yet in place ($SEED_KILL_AT, common/checkpoints.py kill_point). The same
     command resumes from `checkpoint.old` (update 1) and its update 2 equals the uninterrupted run's."""
     out = tmp_path / "seedk"
     killed = run_script(["seed_rl.py", *FLAGS, "--out", str(out)], timeout=900, check=False,
@@ -127,11 +127,11 @@ def test_resume_with_other_settings_is_refused_before_any_model_loads(one_proces
 
 
 def test_a_resume_may_change_updates_but_not_the_tasks_nor_the_warm_up(tmp_path):
-    """--updates may change on resume (envs/records.py): the updates both runs play keep their tasks; a changed
+    """--updates may change on resume (common/records.py): the updates both runs play keep their tasks; a changed
     seed's stream, or a warm-up that --updates would lengthen, is refused."""
     import argparse
     from envs import alfworld
-    from envs.records import run_manifest
+    from common.records import run_manifest
     from seed_rl import check_resumed_stream
     flags = dict(seed=0, tasks_per_update=2, updates=3, warmup_ratio=0.0, out=str(tmp_path))
     old = run_manifest("seed_rl.py", argparse.Namespace(**flags), games=alfworld.rl_tasks(0, 6))

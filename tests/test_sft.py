@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from conftest import run_script
-from envs.records import read_jsonl
+from common.records import read_jsonl
+from envs import load_env
 from prompts import build_analysis_prompt, chat_prompt, target_json
 
 # 9 train examples (+1 over-long one), 3 val; global batch 4 -> 3 steps per epoch (4, 4, 1 examples: with
@@ -29,7 +30,7 @@ def make_sft_records(episodes):
         acts = [s["action"] for s in ep["steps"]]  # short targets: the 152k-vocab LM head is the CPU cost
         answer = {"episode_summary": f"Done in {ep['length']} steps.",
                   "episode_skill": f"First {acts[0]}, then {acts[1]}."}
-        recs.append(dict(id=f"sft-{i}", split="val" if i % 4 == 3 else "train", prompt=build_analysis_prompt(ep),
+        recs.append(dict(id=f"sft-{i}", split="val" if i % 4 == 3 else "train", prompt=build_analysis_prompt(ep, load_env(ep.get("env", "alfworld"))),
                          target=target_json(answer), annotation_id=f"ann-{i}", annotation_file="skills.jsonl",
                          trajectory_uid=ep["uid"], trajectory_file="traj.jsonl",
                          outcome="success" if ep["success"] else "failure"))
@@ -153,7 +154,7 @@ def test_two_processes_give_the_same_loss_curve(ref_run, sft_file, tmp_path):
 def test_killed_run_resumes_to_the_same_result(ref_run, sft_file, tmp_path):
     """SIGKILL inside the third trainer save (step 4; checkpoints every 2 steps and at epoch ends), at the step
     that used to leave no checkpoint: the old one renamed away, the new one not yet in place ($SEED_KILL_AT,
-    envs/training.py kill_point). The same command continues from `trainer.old` (step 3) and ends with the
+    common/checkpoints.py kill_point). The same command continues from `trainer.old` (step 3) and ends with the
     reference's loss curve and weights."""
     from safetensors.torch import load_file
     out = tmp_path / "run"
@@ -194,7 +195,7 @@ def test_bad_records_get_a_clear_error(tmp_path):
 
 def test_resume_with_other_settings_is_refused(ref_run, sft_file, tmp_path):
     """Another --lr (a flag that changes what is trained) into a run's folder: one line naming it; a changed
-    --micro-batch alone (listed in envs/records.py as free to change) would pass the same check."""
+    --micro-batch alone (listed in common/records.py as free to change) would pass the same check."""
     out = tmp_path / "run"
     out.mkdir()
     shutil.copy(os.path.join(ref_run["out"], "seed_manifest.json"), out / "seed_manifest.json")

@@ -519,7 +519,7 @@ def test_interface_names():
 # The expert, the pool, bad input
 
 def play_expert(pool, tasks, max_steps=15):
-    """A minimal loop (the generic rollout lives in envs/rollout.py): the expert's responses through parse,
+    """A minimal loop (the generic rollout lives in common/rollout.py): the expert's responses through parse,
     the pool's games, the env's reward."""
     states = pool.reset(tasks)
     eps = [dict(t, steps=[], _obs=s["observation"], _admissible=s["admissible"], final=s) for t, s in zip(tasks, states)]

@@ -13,6 +13,15 @@ and buys; the purchase is scored in [0, 1] against the goal (scoring.py) and a s
   scoring.py the score of a purchase: attributes, options, price, product type
   site.py    the pages, their clickables, the moves between them, the observation text
 
+One step, worked through (the first step of a session; the prompt is `build_prompt`'s, shortened):
+
+    prompt    ... Your task is to: i need black leather ankle boots for women, size 8, under 60 dollars ...
+              Your admissible actions in the current situation are: [ 'search[<your query>]', ... ]
+    response  <think>Search for the product first.</think><action>search[black leather ankle boots size 8]</action>
+    parsed    ("search[black leather ankle boots size 8]", valid=True, reason="")
+    feedback  the results page: [Back to Search] Page 1 (Total results: 50) [Next >] [B07...] <title> $<price> ...
+    reward    0.0 (10 when a purchase scores 1.0; an invalid step: -0.1)
+
 Goals 0-499 are the test pool, 500 and up train (verl-agent's split of the original's goal list); goal i is
 the same in every worker and every run (data.py says how). Episodes: at most 15 steps; an episode cut
 before buying scores 0. Step reward: 10 x (bought with score 1.0) - 0.1 x (invalid step); an invalid step is
@@ -29,12 +38,15 @@ import os
 import random
 import re
 
-from envs.records import sha256_file
+from common.paths import shared_dir
+from common.records import sha256_file
+from common.tasks import seeded_cycle
 from envs.webshop.data import DataError, load_catalog
 from envs.webshop.scoring import noun_tagger_name, spacy_model
 from envs.webshop.search import engine_for
 from envs.webshop.site import SEARCH_ACTION, Site
 # The validity rule is ALFWorld's (the public code's WebShop projection): action tags, think tags, CJK
+from prompts import agent
 from prompts.agent import parse_action  # noqa: F401  (interface name)
 
 NAME = "webshop"
@@ -55,14 +67,13 @@ PRESET = {
     "adv_norm": "mean_std",
 }
 WIN_REWARD = 10.0
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ----------------------------------------------------------------------------------------------------
 # Flags and tasks
 
 def default_data_dir():
-    return os.environ.get("WEBSHOP_DATA") or os.path.join(os.path.dirname(REPO), "shared", "webshop")
+    return os.environ.get("WEBSHOP_DATA") or shared_dir("webshop")
 
 
 def default_index_dir():
@@ -105,12 +116,7 @@ def _draw(split, seed, n, args):
     pool = split_indices(split, len(load_catalog(_dirs(args)[0]).goals))
     if not pool:
         raise DataError(f"the WebShop {split} split is empty (a catalog with {TEST_GOALS} goals or fewer)")
-    rng, out = random.Random(seed), []
-    while len(out) < (len(pool) if n is None else n):
-        order = list(pool)
-        rng.shuffle(order)
-        out += order
-    return [task_record(i, split, args) for i in out[:len(pool) if n is None else n]]
+    return [task_record(i, split, args) for i in seeded_cycle(pool, seed, len(pool) if n is None else n)]
 
 
 def stage1_tasks(seed, n, args):
@@ -141,7 +147,7 @@ def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
     sha256 of the goals themselves: asin, options, price bound, text), the Stage 1 set and the RL stream,
     with checks against SPEC.md. args: the parsed flags (--webshop-data), else $WEBSHOP_DATA.
     Returns (printable lines, checks {name: ok}, manifest dict)."""
-    from envs.records import games_summary
+    from common.records import games_summary
     cat = load_catalog(_dirs(args)[0])
     stage1, stream = stage1_tasks(seed, stage1_n, args), rl_tasks(seed, tasks_per_update * updates, args)
     s1, rl = games_summary(stage1), games_summary(stream)
@@ -256,11 +262,7 @@ def action_to_execute(text, action, fallback=None):
     """The parsed action; without action tags `fallback` if set, else the last 20 characters of the
     lower-cased response (verl-agent's WebShop projection), which the site ignores unless they happen
     to be an action."""
-    if action:
-        return action
-    if fallback:
-        return fallback
-    return str(text or "").lower()[-20:]
+    return agent.action_to_execute(text, action, fallback, tail_chars=20, blank=None)
 
 
 def reward(state, valid, invalid_penalty=PRESET["invalid_penalty"]):

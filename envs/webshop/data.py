@@ -28,7 +28,7 @@ import random
 import re
 from decimal import Decimal, InvalidOperation
 
-from envs.records import sha256_file
+from common.records import sha256_file
 
 CATALOG_FILE = "items_shuffle_1000.json"
 ATTRIBUTE_FILE = "items_ins_v2_1000.json"

@@ -95,7 +95,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
     step -> prompt ...), and moves on as soon as its own response or env answer is in.
 
     env: the env module; specs: one task dict per episode (its task fields plus group, rollout, seed, uid);
-    pool: an EnvPool (at least min(len(specs), max_live) slots are used); policy: a backend (envs/backends.py).
+    pool: an EnvPool (at least min(len(specs), max_live) slots are used); policy: a backend (common/backends.py).
     max_live: episodes in play at once (default: all); a new one starts the moment one ends.
     lockstep: the old schedule, kept for comparison (benchmarks/rollout_async.py): episodes start in batches of
       max_live, every live episode generates, then every env steps, turn after turn; analyses start when the
@@ -385,6 +385,14 @@ def add_rollout_args(group, paper, temperature_help="sampling temperature"):
                        "inadmissible action is invalid too (the stricter ablation)")
 
 
+def rollout_kwargs(args):
+    """play_episodes' keyword arguments from the flags of add_rollout_args."""
+    return dict(max_steps=args.max_steps, history=args.history, max_prompt_tokens=args.max_prompt_tokens,
+                max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
+                invalid_rule=args.invalid_rule)
+
+
 def play_into_jsonl(env, todo, policy, tokenizer, args, path, done_before, planned):
     """collect.py's and evaluate.py's play phase: up to args.batch_episodes episodes of `todo` at once, each
     appended to the JSONL at `path` the moment it ends (the bar moves per episode). On Ctrl-C: one line (how many
@@ -392,7 +400,7 @@ def play_into_jsonl(env, todo, policy, tokenizer, args, path, done_before, plann
     import sys
     from tqdm import tqdm
     from envs.pool import EnvPool
-    from envs.records import append_jsonl, interrupted_message, open_jsonl_for_append
+    from common.records import append_jsonl, interrupted_message, open_jsonl_for_append
     stats = {"steps": 0, "env_failures": 0, "workers_replaced": 0}
     if not todo:
         return {}, stats
@@ -407,11 +415,8 @@ def play_into_jsonl(env, todo, policy, tokenizer, args, path, done_before, plann
 
     try:
         with EnvPool(f"envs.{env.NAME}:make_game", num_workers=min(args.workers, len(todo))) as pool:
-            _, timings = play_episodes(env, todo, pool, policy, tokenizer, max_steps=args.max_steps,
-                                       history=args.history, max_prompt_tokens=args.max_prompt_tokens,
-                                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                       invalid_fallback=args.invalid_fallback, invalid_penalty=args.invalid_penalty,
-                                       invalid_rule=args.invalid_rule, max_live=args.batch_episodes, on_episode=save)
+            _, timings = play_episodes(env, todo, pool, policy, tokenizer, **rollout_kwargs(args),
+                                       max_live=args.batch_episodes, on_episode=save)
             stats = dict(pool.stats)
     except KeyboardInterrupt:  # the env workers ignore Ctrl-C; the pool ends them
         bar.close()

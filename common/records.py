@@ -163,7 +163,7 @@ def model_info(model):
     slow; the revision or the producing run's manifest pins them)."""
     if model in (None, "tiny", "expert", "scripted"):
         if model == "tiny":
-            from envs.models import tiny_config
+            from common.models import tiny_config
             return {"model": "tiny", "config_sha256": sha256_text(tiny_config().to_json_string(use_diff=False))}
         return {"model": model}
     local = os.path.isdir(model)
@@ -270,7 +270,8 @@ def write_manifest(path, manifest):
 # Flags that may differ when a run is resumed into the same output. They change how fast, where or how far a
 # run computes, never what a record already written means. Any other flag that differs is refused, by name.
 RESUME_MAY_CHANGE = {
-    "all": {"out": "the output's own path (a moved output resumes)"},
+    "all": {"out": "the output's own path (a moved output resumes)",
+            "log_to": "where the metrics are mirrored (metrics.jsonl stays the record)"},
     "collect.py": {"workers": "env worker processes",
                    "batch_episodes": "episodes per generate call (samples are seeded per episode and step)",
                    "gpu_memory_utilization": "vLLM's share of the GPU"},

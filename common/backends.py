@@ -1,4 +1,4 @@
-"""Generation backends behind one small interface (model and tokenizer loading: envs/models.py).
+"""Generation backends behind one small interface (model and tokenizer loading: common/models.py).
 
     backend.submit(req_id, prompt_ids, max_new_tokens=..., temperature=..., seed=None, want_logprobs=None,
                    context=None)      queue one request; returns at once
@@ -6,7 +6,7 @@
     backend.generate(prompts, max_new_tokens=..., temperature=..., contexts=None, seeds=None,
                      want_logprobs=None) -> [Generation]   one batch, in order (submit all, poll until done)
 
-The rollout loop (envs/rollout.py) submits each episode's request the moment its prompt is ready and polls;
+The rollout loop (common/rollout.py) submits each episode's request the moment its prompt is ready and polls;
 vLLM batches whatever is in flight token by token, so a long response holds up no other episode. prompts are
 lists of token ids (already chat-templated); a seed (one int per request) makes each sample depend only on
 its own seed, not on which other requests share the engine or the batch, so a run is reproducible whatever
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from envs.models import stop_token_ids
+from common.models import stop_token_ids
 
 
 
@@ -323,6 +323,20 @@ class ExpertPolicy(BatchBackend):
             ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.eos]
             out.append(Generation(ids, text, "stop", None))
         return out
+
+
+def make_policy(model, tokenizer, *, backend="hf", max_model_len, gpu_memory_utilization=0.85, seed=0, **vllm_kw):
+    """The generation policy of collect.py, evaluate.py and annotate.py: `expert` (scripted, ExpertPolicy), a
+    vLLM engine (no sleep mode: nothing else shares the GPU), or HF generate (bf16 on GPU, fp32 on CPU)."""
+    if model == "expert":
+        return ExpertPolicy(tokenizer)
+    if backend == "vllm":
+        return VLLMBackend(model, tokenizer, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+                           seed=seed, enable_sleep_mode=False, **vllm_kw)
+    from common.models import load_model
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return HFBackend(load_model(model, dtype=dtype, device=device, seed=seed), tokenizer)
 
 
 class ScriptedAnalyzer(BatchBackend):

@@ -7,13 +7,10 @@ import sys
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common.paths import REPO, shared_dir  # noqa: F401 (shared_dir: re-exported for the scripts)
+
 HUB_TOKENIZER = "Qwen/Qwen2.5-0.5B-Instruct"  # same tokenizer files as every Qwen2.5 instruct size
 
-
-def shared_dir():
-    """../shared (or $SHARED): the offline Qwen2.5 tokenizer/configs and the ALFWorld archive."""
-    return os.environ.get("SHARED", os.path.join(os.path.dirname(REPO), "shared"))
 
 def default_tokenizer_path():
     """$SEED_TOKENIZER, else the real Qwen2.5 tokenizer in ../shared/assets, else the hub id."""
@@ -109,7 +106,7 @@ def attn_implementation(device):
 def load_model(model, *, dtype=torch.float32, device="cpu", seed=0, attn=None):
     """`tiny` -> a random tiny Qwen2 (seeded); otherwise from_pretrained(path or hub id). attn: the attention
     implementation (default: `attn_implementation`; the tiny model: sdpa); trainers pass the packed one
-    (envs/training.py `packed_attention`)."""
+    (common/packing.py `packed_attention`)."""
     from transformers import AutoModelForCausalLM
     device = torch.device(device)
     if model == "tiny":

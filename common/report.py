@@ -10,7 +10,7 @@ import math
 import os
 import sys
 
-from envs.records import read_jsonl
+from common.records import read_jsonl
 
 
 def cell(x, digits=1):

@@ -1,0 +1,149 @@
+"""Trainer-side plumbing shared by sft.py and seed_rl.py: process groups, FSDP2 sharding, and the memory-lean
+log-prob of given tokens. Micro-batch layouts and the attention for packed rows: common/packing.py; checkpoints:
+common/checkpoints.py.
+
+The algorithm lives in the scripts; this file only holds what both trainers would otherwise write twice.
+"""
+import datetime
+import os
+import socket
+import types
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
+
+from common.models import clean_param_name
+from common.packing import packed_kwargs
+
+
+# ----------------------------------------------------------------------------------------------------
+# Process group
+
+def init_distributed():
+    """torchrun or plain python (world size 1). NCCL on GPU, gloo on CPU. Returns (rank, world, device)."""
+    if "RANK" not in os.environ:  # plain `python script.py`: a process group of one, so FSDP code is the same
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local)  # one GPU per local rank; on 2 nodes local != global rank
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(minutes=60))
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=60))
+    return rank, world, device
+
+
+def print0(*a, **k):
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*a, **k, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# FSDP2
+
+def shard_model(model, device, *, train=True, activation_checkpointing=False):
+    """fully_shard every decoder layer, then the root. Parameters stay fp32 (the master weights); on GPU
+    compute runs in bf16 (params all-gathered in bf16, gradients reduced in fp32). On CPU all is fp32."""
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
+        else MixedPrecisionPolicy()
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    # A second forward entry point that FSDP hooks like `forward`: it returns log-probs of given tokens
+    # without ever building the full [tokens, vocab] logits (see `_token_logprobs`).
+    model.token_logprobs = types.MethodType(_token_logprobs, model)
+    register_fsdp_forward_method(model, "token_logprobs")
+    if not train:
+        model.requires_grad_(False)
+    return model
+
+
+def adamw_impl(device):
+    """AdamW's implementation: on GPU the fused kernel (one launch for all parameters; DTensor supports it),
+    which saves the per-step dispatch of the foreach path over FSDP2's DTensors. On CPU, PyTorch's default."""
+    return {"fused": True} if device.type == "cuda" else {}
+
+
+class _TokenLogprob(torch.autograd.Function):
+    """lp[i] = log_softmax(h[i] @ W^T)[tgt[i]] for N rows, one chunk of rows at a time.
+
+    No [N, V] block ever exists, and none of [chunk, V] is kept for backward: forward saves only h, W, tgt
+    and lp; backward recomputes one chunk's logits at a time and applies the closed-form gradient
+        d lp_i / d logits_i = g_i * (onehot(tgt_i) - softmax(logits_i))  =: G_i    [C, V]
+        grad_h[chunk] = G @ W        grad_W += G^T @ h[chunk]   (accumulated in place, no per-chunk copies)
+    Logits are in the compute dtype (bf16 on GPU, like vLLM's); the log-softmax of the forward in fp32 (or
+    fp64 when h is fp64, for gradcheck). G is built in the compute dtype (see backward).
+    """
+
+    @staticmethod
+    def forward(ctx, h, w, tgt, chunk):
+        acc = torch.promote_types(h.dtype, torch.float32)
+        lp = torch.empty(h.shape[0], dtype=acc, device=h.device)  # [N]
+        for s in range(0, h.shape[0], chunk):
+            logits = h[s:s + chunk] @ w.t()  # [C, V]
+            lp[s:s + chunk] = torch.log_softmax(logits, -1, dtype=acc).gather(-1, tgt[s:s + chunk, None])[:, 0]
+        ctx.save_for_backward(h, w, tgt, lp)
+        ctx.chunk = chunk
+        return lp
+
+    @staticmethod
+    def backward(ctx, g):  # g: [N], the loss's gradient w.r.t. each log-prob
+        h, w, tgt, lp = ctx.saved_tensors
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(w) if ctx.needs_input_grad[1] else None
+        for s in range(0, h.shape[0], ctx.chunk):
+            hc, gc, tc = h[s:s + ctx.chunk], g[s:s + ctx.chunk], tgt[s:s + ctx.chunk]
+            # G in the compute dtype, as the matmuls below read it: bf16 on GPU, where an fp32 [C, V] block
+            # would double the bytes of the softmax and the scaling, and need a cast for the matmuls. The
+            # softmax kernel accumulates in fp32 and the scaling runs in fp32; each rounds once to bf16.
+            G = torch.softmax(hc @ w.t(), -1)  # [C, V]
+            G.mul_(-gc[:, None])  # -g_i p_ij
+            # the target column from the forward's fp32 log-prob: g_i (1 - p_i,tgt). Not p rounded to bf16 and
+            # subtracted from 1, which loses the gradient of confident tokens (p = 0.999 is 1.0 in bf16)
+            G[torch.arange(len(hc), device=h.device), tc] = (gc * -torch.expm1(lp[s:s + ctx.chunk])).to(G.dtype)
+            if grad_h is not None:
+                torch.mm(G, w, out=grad_h[s:s + ctx.chunk])  # [C, H]
+            if grad_w is not None:
+                grad_w.addmm_(G.t(), hc)  # [V, H]
+        return grad_h, grad_w, None, None
+
+
+def _token_logprobs(self, input_ids, targets, select, attention_mask=None, position_ids=None, chunk_size=1024):
+    """log p(targets[b, t] | input_ids[b, :t+1]) at the positions where `select` is True, 0 elsewhere.
+
+    input_ids, targets, select: [B, T] (targets = input_ids shifted left by one). Only selected positions
+    go through the LM head, in chunks of `chunk_size` tokens (`_TokenLogprob`), so at most one
+    [chunk, vocab] fp32 block is alive at a time instead of [B*T, vocab] (8 x 1,536 tokens x 151,936 x
+    4 bytes = 7.5 GB), in forward and in backward.
+    A packed row (position_ids restarting at 0 per sequence, see `make_batch`): its sequence boundaries are
+    computed here once per forward, not once per layer by the attention (`packed_kwargs`).
+    """
+    # use_cache=False explicitly: save_hf_checkpoint sets config.use_cache=True (for inference), which would
+    # otherwise make every later training forward build a KV cache
+    kw = packed_kwargs(position_ids) if position_ids is not None and attention_mask is None else {}
+    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        use_cache=False, **kw).last_hidden_state  # [B, T, H]
+    idx = select.reshape(-1).nonzero()[:, 0]  # [N] selected flat positions
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)  # [N, H]
+    tgt = targets.reshape(-1).index_select(0, idx)  # [N]
+    lp = _TokenLogprob.apply(h, self.lm_head.weight, tgt, chunk_size)  # [N] fp32
+    # out-of-place scatter back to [B, T] (an FSDP output must not be a view: see FSDP2's pre-backward hook)
+    return torch.zeros(input_ids.shape, dtype=torch.float32, device=lp.device).masked_scatter(select, lp)
+
+
+def full_params(model, dtype=None):
+    """Yield (HF name, full tensor) per parameter, in the same order on every rank (each is an all-gather
+    collective). Never holds more than one full parameter at a time. dtype: cast the shard before the
+    gather (bf16 halves the traffic of a weight sync)."""
+    for name, p in model.named_parameters():
+        p = p.detach() if dtype is None else p.detach().to(dtype)
+        yield clean_param_name(name), p.full_tensor() if isinstance(p, DTensor) else p
