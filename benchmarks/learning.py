@@ -118,7 +118,7 @@ UPDATE_KEYS = {
 EST = dict(startup=100, save=30, eval=95, per_update={"seed": 20.0, "grpo": 16.5}, lane_slowdown=1.9)
 ERROR_KINDS = [("out_of_memory", r"CUDA out of memory|OutOfMemoryError|No available memory for the cache blocks"),
                ("vllm_profiling_race", r"Error in memory profiling"),
-               ("vllm_sleep_check", r"Memory usage increased after sleeping"),  # before envs/backends.py's fallback
+               ("vllm_sleep_check", r"Memory usage increased after sleeping"),  # before common/backends.py's fallback
                ("vllm_free_memory", r"Free memory on device .* is less than desired"),
                ("retriever", r"retriever")]
 
