@@ -4,7 +4,7 @@ Each example is (the analysis prompt with one serialized trajectory, the analyze
 annotate.py. The loss is the NLL of the answer tokens and the closing <|im_end|> only (the prompt is masked),
 token-mean over each global batch. The result initializes Stage 2's actor, its analyzer and its KL reference.
 
-The paper's settings (SPEC.md Stage 1, step 3) are the defaults: 3 epochs, lr 5e-6, max length 8,192 tokens
+The paper's settings (docs/paper.md, Stage 1 step 3) are the defaults: 3 epochs, lr 5e-6, max length 8,192 tokens
 (prompt + answer; longer examples are counted and skipped, never truncated), global batch 8 sequences, the 10%
 validation split given by each record's `split` field. Not in the paper (verl's SFT defaults): AdamW betas
 (0.9, 0.95), weight decay 0.01, 10% linear warmup then cosine decay to 0, grad-norm clip 1.0.
@@ -67,7 +67,7 @@ def data_env(argv):
 
 
 env = data_env(sys.argv[1:])
-# The paper's settings (SPEC.md Stage 1, step 3, and the per-env SFT max length); argparse defaults equal these.
+# The paper's settings (docs/paper.md, Stage 1 step 3, and the per-env SFT max length); argparse defaults equal these.
 PAPER = dict(env=env.NAME, epochs=3, lr=5e-6, max_length=env.PRESET["sft_max_length"], batch_size=8)
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)

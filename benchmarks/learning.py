@@ -80,7 +80,7 @@ from envs import HelpFormatter  # noqa: E402
 from envs.records import (append_jsonl, git_state, model_info, open_jsonl_for_append, read_jsonl,  # noqa: E402
                           sha256_file)
 
-METHODS = {"seed": [], "grpo": ["--opd-coef", "0"]}  # GRPO: no analysis, no teacher pass (SPEC.md, baselines)
+METHODS = {"seed": [], "grpo": ["--opd-coef", "0"]}  # GRPO: no analysis, no teacher pass (docs/paper.md, Baselines)
 # The settings where the base model shows format learning within 10 updates on one GPU
 LEARNING_PRESETS = {
     "alfworld": dict(updates=10, tasks_per_update=2, group_size=8, max_steps=15, lr=1e-5),
