@@ -1,6 +1,6 @@
 """Stage 1b: an analyzer writes one hindsight skill per collected trajectory; the parsed ones become SFT data.
 
-The paper's setting (SPEC.md Stage 1, step 2): an external analyzer (GLM through an OpenAI-compatible
+The paper's setting (docs/paper.md, Stage 1 step 2): an external analyzer (GLM through an OpenAI-compatible
 endpoint) reads each trajectory (task, outcome, `Step i / Observation / Response / Action valid`) at
 temperature 0 with up to 4,096 new tokens and answers `{"episode_summary": ..., "episode_skill": ...}`;
 answers that do not parse get up to 2 retries with a stricter reminder; skills under 5 words are rejected;
@@ -68,7 +68,7 @@ from common.records import (append_jsonl, check_resume, open_jsonl_for_append, r
                           run_manifest, sha256_file, write_manifest)
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis, target_json
 
-# The paper's settings (SPEC.md Stage 1 step 2 and 3); argparse defaults equal these. The 5-word minimum
+# The paper's settings (docs/paper.md, Stage 1 steps 2 and 3); argparse defaults equal these. The 5-word minimum
 # lives in prompts.MIN_SKILL_WORDS (the parser enforces it, in every stage).
 PAPER = dict(temperature=0.0, max_new_tokens=4096, parse_retries=2, val_fraction=0.1)
 

@@ -1,6 +1,6 @@
 """Stage 1a: the base policy plays the train tasks of the chosen env; every episode is recorded for the analyzer.
 
-The paper's set (SPEC.md Stage 1): 180 train tasks x 8 rollouts = 1,440 trajectories, temperature 0.4, the
+The paper's set (docs/paper.md, Stage 1): 180 train tasks x 8 rollouts = 1,440 trajectories, temperature 0.4, the
 plain prompt (no skill), each env's steps, history and lengths (ALFWorld: 30 tasks per type x 6 types, 30 steps,
 5 history entries, 2,048-token prompts; WebShop 15 steps, history 2; Search 4 turns, history 4).
 
@@ -32,7 +32,7 @@ from common.rollout import add_rollout_args, format_summary, play_into_jsonl, su
 
 env = env_from_argv()  # --env first: every default below is that env's paper preset
 P = env.PRESET
-# The paper's settings (SPEC.md Stage 1, per-env table); the manifest diffs the run against them.
+# The paper's settings (docs/paper.md, Stage 1 and Per-env settings); the manifest diffs the run against them.
 PAPER = dict(env=env.NAME, split=P["collect_split"], tasks=P["collect_tasks"], rollouts=P["rollouts"],
              max_steps=P["max_steps"], history=P["history"], temperature=0.4, max_new_tokens=P["max_new_tokens"],
              max_prompt_tokens=P["max_prompt_tokens"], invalid_penalty=P["invalid_penalty"], invalid_rule="public")

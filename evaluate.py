@@ -38,7 +38,7 @@ from common.records import check_resume, games_summary, read_jsonl, resumed_mani
 REPO = os.path.dirname(os.path.abspath(__file__))
 PAPER_FILE = os.path.join(REPO, "common", "paper_results.json")
 with open(PAPER_FILE) as f:
-    PAPER_RESULTS = json.load(f)  # the paper's numbers, each with its source (only what SPEC.md states)
+    PAPER_RESULTS = json.load(f)  # the paper's numbers, each with its source (only what docs/paper.md states)
 S = {k: v["value"] for k, v in PAPER_RESULTS["settings"].items()}
 
 env = env_from_argv()  # --env first: every default below is that env's paper preset
@@ -249,23 +249,23 @@ differences = [
     + f"; paper: {backbone} after its GRPO / SEED training (150 updates on 8 x A800)",
     f"hardware: this run {', '.join(hw['gpus']) or 'CPU only'} ({args.backend if args.model not in ('expert',) else 'scripted'}"
     f"{f', tp {args.tp}' if args.tp > 1 else ''}); paper: {S['hardware']}",
-    "prompt wording: this project's own (SPEC.md fixes the structure, fields and tags, not the words)",
+    "prompt wording: this project's own (docs/paper.md fixes the structure, fields and tags, not the words)",
 ]
 for flag, what in (("max_steps", "steps"), ("history", "history"), ("temperature", "temperature"),
                    ("max_new_tokens", "response tokens"), ("max_prompt_tokens", "prompt tokens")):
     if getattr(args, flag) != PAPER[flag]:
         differences.append(f"{what}: this run {getattr(args, flag)}; paper {PAPER[flag]}")
-sizes = P.get("eval_sizes", {})  # the paper's task count per split, where SPEC.md states it
+sizes = P.get("eval_sizes", {})  # the paper's task count per split, where docs/paper.md states it
 if any(len(games[s]) != sizes.get(s) for s in splits) or splits != P["eval_splits"]:
     differences.append(f"data: this run {', '.join(f'{s} {len(games[s])} games' for s in splits)}"
                        + (f" (a seeded subset, seed {args.seed})" if args.limit else "")
                        + "; paper: " + (", ".join(f"all {n} {s}" for s, n in sizes.items()) + " games" if sizes
-                                        else "see SPEC.md"))
+                                        else "see docs/paper.md"))
 if args.invalid_fallback:
     differences.append(f"invalid-step fallback action: this run '{args.invalid_fallback}'; paper: not stated")
-unknown = [f"samples per game: this run {args.samples}; paper: not stated in SPEC.md (see the notes in "
+unknown = [f"samples per game: this run {args.samples}; paper: not stated in docs/paper.md (see the notes in "
            "common/paper_results.json)",
-           "inference engine and its sampling defaults: not stated in SPEC.md (this run: temperature only, "
+           "inference engine and its sampling defaults: not stated in docs/paper.md (this run: temperature only, "
            "top_p 1, top_k off)"]
 
 report = {"model": args.model, "backend": args.backend, "paper_backbone": backbone, "backbone_inferred": inferred,
@@ -314,18 +314,18 @@ for s in splits:
                   + f" | {cell(vals.get('score'))} | - | - | - |")
     if not rows:
         md.append(f"| paper: {backbone} | " + " | ".join("-" for _ in COLUMNS) + " | - | - | - | - |")
-        md += ["", f"SPEC.md states no {s} number for {backbone}."]
+        md += ["", f"docs/paper.md states no {s} number for {backbone}."]
     if len(r["types_present"]) < len(env.GROUPS):
         md += ["", f"This run's Avg is over the {len(r['types_present'])} task types present "
                f"({', '.join(r['types_present'])}), not all {len(env.GROUPS)}."]
     md.append("")
 other = [pr for pr in paper_rows if pr["split"] is None]
 if other:
-    md += [f"Other paper numbers for {backbone} ({env.NAME}, split not stated in SPEC.md): "
+    md += [f"Other paper numbers for {backbone} ({env.NAME}, split not stated in docs/paper.md): "
            + "; ".join(f"{pr['method']} {pr['metric']} {pr['value']}" for pr in other) + ".", ""]
     sources += [src for src in dict.fromkeys(pr["source"] for pr in other) if src not in sources]
 md += ["## Conditions that differ from the paper", ""] + [f"- {d}" for d in differences]
-md += ["", "Not known (SPEC.md does not state them):", ""] + [f"- {u}" for u in unknown]
+md += ["", "Not known (docs/paper.md does not state them):", ""] + [f"- {u}" for u in unknown]
 md += ["", "## Sources of the paper's numbers", "", f"From `common/paper_results.json` ({PAPER_RESULTS['paper']}):", ""]
 md += [f"- {src}" for src in sources]
 md += ["", f"Trajectories: `{traj_path}`; manifest: `{manifest_path}`.", ""]

@@ -1,6 +1,6 @@
 """Stage 2 of SEED: self-evolving on-policy distillation (OPD) + GRPO + KL, FSDP2 over N GPUs, vLLM co-located.
 
-One policy update (SPEC.md, Stage 2) is the story of `main()` below:
+One policy update (docs/paper.md, Stage 2) is the story of `main()` below:
   1. rollout     sync the latest weights into the generation engine; play tasks x group episodes with the
                  plain prompt (each rank plays its share of the groups), each episode at its own pace
   2. analysis    the same engine, same weights, writes one hindsight skill per episode (greedy), started the
@@ -30,7 +30,7 @@ Skills exist only here, at training time: the trained policy is deployed with th
         --max-steps 4 --max-new-tokens 24 --analyzer-model scripted --out runs/demo/seed
     python -m torch.distributed.run --nproc_per_node 2 seed_rl.py ...same flags...   # 2 processes, gloo
 
-Where this follows the paper's public code rather than its Algorithm 1 (SPEC.md): the teacher is scored
+Where this follows the paper's public code rather than its Algorithm 1 (docs/paper.md): the teacher is scored
 once, with the pre-update weights (Algorithm 1 re-scores it with the trainable policy; both agree at the
 first mini-batch).
 """
@@ -90,7 +90,7 @@ def seed_loss(lp, old_lp, ref_lp, teacher_lp, adv, mask, teacher_mask, n_tokens,
     """SEED's loss on one micro-batch. Every tensor is per token, same shape (e.g. [rows, T]); mask is 1 on
     response tokens (0 on prompt and padding), teacher_mask 1 where the episode has a parsed skill.
     n_tokens, n_teacher_tokens: token counts of the whole mini-batch over all ranks, so that summing the
-    micro-batch losses gives the token-mean over the mini-batch. dual_clip: None (SPEC.md's PPO clip), or verl's
+    micro-batch losses gives the token-mean over the mini-batch. dual_clip: None (docs/paper.md's PPO clip), or verl's
     dual-clip constant c (the public code's runs: 3), which caps a negative-advantage token's loss at -c * A.
     Returns {"loss": the loss to backpropagate, and for logging the sums over the micro-batch's tokens:
     "pg", "kl", "opd", "gate", "gate_active", "gap", "clipped", "ratio"} (LOSS_SUMS)."""
@@ -304,7 +304,7 @@ def parse_args():
     """--env first (pre-parsed), then every flag with that env's paper preset as its default."""
     env = env_from_argv()
     P = env.PRESET
-    # The paper's settings (SPEC.md Stage 2 and the per-env table); the run prints and records its diff to these.
+    # The paper's settings (docs/paper.md, Stage 2 and Per-env settings); the run prints and records its diff to these.
     paper = dict(env=env.NAME, updates=P["updates"], tasks_per_update=P["tasks_per_update"],
                  group_size=P["group_size"], max_steps=P["max_steps"], history=P["history"],
                  max_prompt_tokens=P["max_prompt_tokens"], max_new_tokens=P["max_new_tokens"], temperature=1.0,

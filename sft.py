@@ -10,7 +10,7 @@ as the rollout built it, the response that episode took). With `collect.py --mod
 game's stored walkthroughs in the agent's own <think>/<action> format. Mixed with annotate.py's examples, one
 SFT gives a start that acts and analyzes; both Stage 2 arms (SEED and GRPO) then start from it.
 
-The paper's settings (SPEC.md Stage 1, step 3) are the defaults: 3 epochs, lr 5e-6, max length 8,192 tokens
+The paper's settings (docs/paper.md, Stage 1 step 3) are the defaults: 3 epochs, lr 5e-6, max length 8,192 tokens
 (prompt + answer; longer examples are counted and skipped, never truncated), global batch 8 sequences, the 10%
 validation split given by each record's `split` field. Not in the paper (verl's SFT defaults): AdamW betas
 (0.9, 0.95), weight decay 0.01, 10% linear warmup then cosine decay to 0, grad-norm clip 1.0.
@@ -85,7 +85,7 @@ def data_env(argv):
 
 
 env = data_env(sys.argv[1:])
-# The paper's settings (SPEC.md Stage 1, step 3, and the per-env SFT max length); argparse defaults equal these.
+# The paper's settings (docs/paper.md, Stage 1 step 3, and the per-env SFT max length); argparse defaults equal these.
 PAPER = dict(env=env.NAME, epochs=3, lr=5e-6, max_length=env.PRESET["sft_max_length"], batch_size=8)
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)

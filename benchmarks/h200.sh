@@ -10,7 +10,7 @@
 #                                # then both runners at seed_rl.py's batch per engine (16 x 512 new tokens)
 #   bash benchmarks/h200.sh S1   # Stage 1 on the real 0.5B model: collect -> annotate (the model analyzes its
 #                                # own episodes) -> short SFT; then engine-vs-trainer log-prob agreement
-#   SFT_DATA=results/h200-2026-12-03/stage1/skills.sft.jsonl bash benchmarks/h200.sh SFT
+#   SFT_DATA=results/2026-12-03-stage1-chain-0.5b/stage1/skills.sft.jsonl bash benchmarks/h200.sh SFT
 #                                # only S1's SFT, from an earlier run's annotated data (kept in the repo)
 #   bash benchmarks/h200.sh P    # trainer step on step-sample lengths (issue 20): plain HF padded vs the
 #                                # project's step padded and packed; the lengths B recorded ($RUN/seed/
@@ -52,7 +52,8 @@
 #                   (e.g. --dry-run)
 #   ENV=search      Search on the hotpot questions ($SEARCH_DATA): the retriever starts in its own process
 #                   session on 127.0.0.1:8000 (kept for the next call), the held-out questions are the val split
-# Sizing, measured in the fifth to seventh sessions (results/h200-2026-12-03-s5, -s6, results/h200-2026-12-04-s7):
+# Sizing, measured in the fifth to seventh sessions (results/2026-12-03-rollout-async-trainer-profile,
+# results/2026-12-03-learning-alfworld-base-partial, results/2026-12-04-learning-alfworld-base):
 # alone, at 15 steps of 2 x 8 episodes, SEED 18-22 s and GRPO 15-17.5 s per update, start-up ~100 s (vLLM
 # compiles on a fresh machine), end evaluation ~95 s. Side by side, per update: LANES=3 SEED 35-40 s, GRPO
 # 24-32 s; LANES=2 (two SEED runs) SEED 42-44 s; a SEED run's training 607-609 s at LANES=2, device peak 82 GiB
@@ -176,7 +177,7 @@ Q)  # Search: retriever server, EM before, SEED updates, EM after (validation qu
 L)  # the learning benchmark: see the header for the knobs and the sizing
   START_MODEL=$M
   if [ "${START:-base}" = sft ]; then
-    [ -f "$RUN/sft/config.json" ] || sft 150 "${SFT_DATA:-results/h200-2026-12-03/stage1/skills.sft.jsonl}"
+    [ -f "$RUN/sft/config.json" ] || sft 150 "${SFT_DATA:-results/2026-12-03-stage1-chain-0.5b/stage1/skills.sft.jsonl}"
     START_MODEL=$RUN/sft
   fi
   if [ "${START:-base}" = bc ] && [ ! -f "$RUN/bc/config.json" ]; then

@@ -80,7 +80,7 @@ from envs import HelpFormatter  # noqa: E402
 from common.records import (append_jsonl, git_state, model_info, open_jsonl_for_append, read_jsonl,  # noqa: E402
                           sha256_file)
 
-METHODS = {"seed": [], "grpo": ["--opd-coef", "0"]}  # GRPO: no analysis, no teacher pass (SPEC.md, baselines)
+METHODS = {"seed": [], "grpo": ["--opd-coef", "0"]}  # GRPO: no analysis, no teacher pass (docs/paper.md, Baselines)
 # The settings where the base model shows format learning within 10 updates on one GPU
 LEARNING_PRESETS = {
     "alfworld": dict(updates=10, tasks_per_update=2, group_size=8, max_steps=15, lr=1e-5),
@@ -110,9 +110,9 @@ UPDATE_KEYS = {
     "answer_words": "env/answer_words",
 }
 # Time model for planning under a deadline (seconds), until runs of the same group are on file. Alone (fifth
-# session, results/h200-2026-12-03-s5), at 15 steps of 2 x 8 episodes: SEED 18-22 s and GRPO 15-17.5 s per update,
+# session, results/2026-12-03-rollout-async-trainer-profile), at 15 steps of 2 x 8 episodes: SEED 18-22 s and GRPO 15-17.5 s per update,
 # vLLM's engine start with compilation ~75 s, the end evaluation ~95 s. Side by side (sixth session,
-# results/h200-2026-12-03-s6): per update, median over a run, SEED 42-44 s at --lanes 2 (two SEED runs) and 35-38 s
+# results/2026-12-03-learning-alfworld-base-partial): per update, median over a run, SEED 42-44 s at --lanes 2 (two SEED runs) and 35-38 s
 # at --lanes 3, GRPO 24-27 s at --lanes 3: ~1.5-2.1x alone, so 1.9; two end evaluations side by side had not
 # finished after 147 s (the gate stops one while the other's engine starts), so the evaluation slows by as much.
 EST = dict(startup=100, save=30, eval=95, per_update={"seed": 20.0, "grpo": 16.5}, lane_slowdown=1.9)

@@ -11,7 +11,7 @@ One module per benchmark, each exposing the same few names (no base class, no re
 A reader compares two envs side by side; a new env is one more module with these names:
 
   NAME                 "alfworld" | ...
-  PRESET               the paper's settings for this env (SPEC.md's per-env table); every script's defaults
+  PRESET               the paper's settings for this env (docs/paper.md, Per-env settings); every script's defaults
   GROUPS               the summary columns, in report order; each task's `category` is one of them
   SPLITS               the split names (collect.py --split, evaluate.py --splits)
   ENV_DESCRIPTION      how the analysis prompt names the env

@@ -27,7 +27,7 @@ import sys
 from prompts.agent import action_to_execute, parse_action, skill_block  # noqa: F401  (interface names)
 
 NAME = "alfworld"
-# SPEC.md's per-env table, ALFWorld column (+ Stage 1 and evaluation). Every script's defaults come from here.
+# docs/paper.md, Per-env settings, ALFWorld column (+ Stage 1 and evaluation). Every script's defaults come from here.
 PRESET = dict(max_steps=30, history=5, max_prompt_tokens=2048, max_new_tokens=512, invalid_penalty=0.1,
               tasks_per_update=16, group_size=8, mini_batch=256, micro_batch=32, kl_coef=0.01, lr=1e-6,
               warmup_ratio=0.0, updates=150, sft_max_length=8192, collect_tasks=180, rollouts=8,
@@ -41,7 +41,7 @@ WIN_REWARD = 10.0
 INVALID_PENALTY = PRESET["invalid_penalty"]
 ENV_DESCRIPTION = "an agent acting in the ALFRED text environment"
 
-# SPEC.md's reporting order; keys are alfworld's task_type names, values the summary columns.
+# The paper's reporting order (docs/paper.md); keys are alfworld's task_type names, values the summary columns.
 TASK_TYPES = {
     "pick_and_place_simple": "Pick",
     "look_at_obj_in_light": "Look",
@@ -255,12 +255,12 @@ def is_admissible(action, admissible):
 
 
 def reward(state, valid, invalid_penalty=INVALID_PENALTY):
-    """+10 at the step the game is won; an invalid step costs the penalty (SPEC.md)."""
+    """+10 at the step the game is won; an invalid step costs the penalty (docs/paper.md)."""
     return WIN_REWARD * state["won"] - invalid_penalty * (not valid)
 
 
 # ----------------------------------------------------------------------------------------------------
-# The agent prompt (SPEC.md: "Agent prompt"). Every step of an episode is its own (prompt, response)
+# The agent prompt (docs/paper.md, ALFWorld protocol). Every step of an episode is its own (prompt, response)
 # sample. The prompt is one user message:
 #   step 1      role, current observation, admissible actions, closing instruction
 #   step t > 1  role + task line, steps taken so far, the last k (observation, action) pairs, current step
@@ -357,7 +357,7 @@ def episode_stats(episode):
 
 def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
     """The preset's data: the Stage 1 task set and the RL task stream, per type, with checks against the
-    paper's Table 3 (as SPEC.md states it). Returns (printable lines, checks {name: ok}, manifest dict)."""
+    paper's Table 3 (docs/paper.md, Per-env settings). Returns (printable lines, checks {name: ok}, manifest dict)."""
     from common.records import games_summary
     stage1, stream = stage1_tasks(seed, stage1_n), rl_tasks(seed, tasks_per_update * updates)
     s1, rl = games_summary(stage1), games_summary(stream)

@@ -16,7 +16,7 @@ One turn, worked through (question from ../shared/search/hotpotqa500):
     reward    0.0 (a search scores nothing; `<answer>Ovidius University</answer>` later would score 1.0)
 
 The passage format follows Search-R1's `_passages2string` ("Doc i(Title: <first line>) <rest>"), with the
-"Doc i:" label the SPEC names. The retriever is an HTTP service (envs/retriever.py: ours is BM25 over a
+"Doc i:" label docs/paper.md names. The retriever is an HTTP service (envs/retriever.py: ours is BM25 over a
 wiki-18 JSONL corpus; a user's e5 server over the full wiki-18 dump works by URL).
 
 Data (FlashRAG JSONL rows {"id", "question", "golden_answers", "data_source"}, .jsonl or .jsonl.xz, or
@@ -41,7 +41,7 @@ from envs.retriever import RetrieverError, check_retriever, json_lines, retrieve
 from prompts.agent import skill_block
 
 NAME = "search"
-# SPEC.md's Search column (Search-R1's settings as the paper's code runs them).
+# docs/paper.md, Per-env settings, Search column (Search-R1's settings as the paper's code runs them).
 PRESET = dict(max_steps=4, history=4, max_prompt_tokens=4096, max_new_tokens=512, invalid_penalty=0.01,
               tasks_per_update=128, group_size=8, mini_batch=512, micro_batch=16, kl_coef=0.001, lr=1e-6,
               warmup_ratio=0.1, updates=150, sft_max_length=12288, collect_tasks=180, rollouts=8,
@@ -51,7 +51,7 @@ PRESET = dict(max_steps=4, history=4, max_prompt_tokens=4096, max_new_tokens=512
               # and three passages per search is ~5k tokens; 36,000 characters keep prompt + answer inside
               # SFT's 12,288 tokens
               analysis_max_chars=36_000,
-              adv_norm="mean_std")  # GRPO's (R - mean) / std (SPEC.md)
+              adv_norm="mean_std")  # GRPO's (R - mean) / std (docs/paper.md)
 # The seven test sets in Search-R1's reporting order; each task's `category` is its data source.
 GROUPS = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
 IN_DOMAIN = {"nq", "hotpotqa"}  # the train sources; the other five are out-of-domain
@@ -472,7 +472,7 @@ def make_game(task):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Parsing. Validity (SPEC): one <search>...</search> or <answer>...</answer> block; invalid: no block, both
+# Parsing. Validity (docs/paper.md, Search): one <search>...</search> or <answer>...</answer> block; invalid: no block, both
 # kinds, more than one block. A missing <think> is NOT invalid here. The details follow the paper's public
 # code, verl-agent's `search_projection` (agent_system/environments/env_package/search/projection.py) and its
 # env manager's step (agent_system/environments/env_manager.py, SearchEnvironmentManager.step; read in forks
@@ -513,7 +513,7 @@ def parse_action(text, admissible=None, require_think=True, rules=None):
     """-> (action, valid, reason): action "search[query]" / "answer[text]" (inner whitespace folded), or ''
     when there is nothing to run; reason one of REASONS, '' when valid. Never raises. rules: RULES (the
     run's flags) unless given. An invalid step keeps its action under invalid_step "execute-first" (the
-    public code runs it) and has '' under "nothing". A missing <think> is not invalid here (SPEC.md), so
+    public code runs it) and has '' under "nothing". A missing <think> is not invalid here (docs/paper.md, Search), so
     require_think changes nothing."""
     r = dict(RULES, **(rules or {}))
     if not isinstance(text, str):

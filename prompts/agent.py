@@ -15,7 +15,7 @@ def skill_block(skill):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Parsing: the rule of the paper's public code (its ALFWorld/WebShop projections, SPEC.md "Agent prompt").
+# Parsing: the rule of the paper's public code (its ALFWorld/WebShop projections; docs/paper.md, ALFWorld protocol).
 # The action is the text between the FIRST "<action>" and the FIRST "</action>" of the lower-cased response,
 # stripped. A step is invalid when the action tags are missing, the think tags are missing (checked on the
 # original text, case-sensitive, as the public code does), or the response contains a CJK ideograph

@@ -1,4 +1,4 @@
-"""The hindsight-analysis prompt and its JSON parser (SPEC.md Stage 1, step 2; reused by Stage 2).
+"""The hindsight-analysis prompt and its JSON parser (docs/paper.md, Stage 1 step 2; reused by Stage 2).
 
 One wording serves every stage: annotate.py sends it to an external analyzer, sft.py trains the policy on
 (this prompt, the analyzer's JSON), and seed_rl.py asks the evolving policy itself with it.

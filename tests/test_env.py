@@ -44,7 +44,7 @@ def test_select_games_stratified_and_seeded():
     a = select_games("train", 3, tasks_per_type=30)
     assert len(a) == 180
     types = [g["task_type"] for g in a]
-    assert types == [t for t in TASK_TYPES for _ in range(30)]  # 30 of each type, in SPEC order
+    assert types == [t for t in TASK_TYPES for _ in range(30)]  # 30 of each type, in the paper's order (docs/paper.md)
     assert len({g["task_id"] for g in a}) == 180
     assert all(g["split"] == "train" and task_id_of(g["game_file"]) == g["task_id"] for g in a)
     assert select_games("train", 3, tasks_per_type=30) == a  # same seed -> same games

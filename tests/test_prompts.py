@@ -1,6 +1,6 @@
 """prompts/: the agent step prompt, skill injection, action parsing, and the analysis JSON parser.
 
-Pure-string tests (no env, no model): exact expected results for the parsing rules of SPEC.md, a seeded
+Pure-string tests (no env, no model): exact expected results for the parsing rules of docs/paper.md, a seeded
 fuzz test that no string crashes either parser, and the structure of the step-1 / later-step prompts with
 and without the episode-skill block.
 """
@@ -19,7 +19,7 @@ ANALYSIS_REASONS = {"", "empty", "no_json", "missing_keys", "not_strings", "skil
 
 
 # ----------------------------------------------------------------------------------------------------
-# Action parsing: exact results, the public code's rule (SPEC.md "Agent prompt", ALFWorld projection.py)
+# Action parsing: exact results, the public code's rule (docs/paper.md, ALFWorld protocol; projection.py)
 
 @pytest.mark.parametrize("text, expected", [
     # a valid step

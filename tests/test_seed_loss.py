@@ -85,7 +85,7 @@ def test_dual_clip_caps_negative_advantage_tokens():
     # A<0, r=2: 2.0 < 3 (grad -r A = 2); A<0, r=0.5: 0.8 (clipped, no grad)
     assert loss == pytest.approx((3.0 - 1.2 + 2.0 + 0.8) / 4)
     assert grad == pytest.approx([0.0, 0.0, 2.0 / 4, 0.0])
-    # without it (SPEC.md's loss) the first token costs 5.0 and pushes its ratio down with gradient 5
+    # without it (docs/paper.md's loss) the first token costs 5.0 and pushes its ratio down with gradient 5
     loss, grad, _ = _loss(lrs, [0.0] * 4, [0.0] * 4, [0.0] * 4, [-1, 1, -1, -1], tmask=[0] * 4, kl_coef=0.0,
                           opd_coef=0.0)
     assert loss == pytest.approx((5.0 - 1.2 + 2.0 + 0.8) / 4) and grad[0] == pytest.approx(5.0 / 4)

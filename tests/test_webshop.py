@@ -467,7 +467,7 @@ def test_parse_action_validity_is_tags_and_cjk_only():
     assert W.parse_action("<think>x</think> click[buy now]", adm) == ("", False, "no_action_tags")
     assert W.parse_action("<action>click[buy now]</action>", adm) == ("click[buy now]", False, "no_think_tags")
     assert W.parse_action("<think>买</think><action>click[buy now]</action>", adm) == ("click[buy now]", False, "cjk")
-    # the first block, as SPEC and verl-agent's projection
+    # the first block, as docs/paper.md and verl-agent's projection
     assert W.parse_action("<think/></think><think><action> a </action><action>b</action>", adm)[0] == "a"
     # reversed tags: the public code's slice is empty (both tags exist); then the think rule decides
     assert W.parse_action("</action><action>a", adm) == ("", False, "no_think_tags")

@@ -59,11 +59,11 @@ PRESET = {
     "tasks_per_update": 16, "group_size": 8, "mini_batch": 64, "micro_batch": 8, "kl_coef": 0.01, "lr": 1e-6,
     "warmup_ratio": 0.0, "updates": 150, "sft_max_length": 12288, "collect_tasks": 180, "rollouts": 8,
     "collect_split": "train", "eval_splits": ["test"], "eval_limit": 128,
-    "eval_sizes": {"test": 128},  # SPEC: 128 goals drawn from the 500 test goals
+    "eval_sizes": {"test": 128},  # docs/paper.md: 128 goals drawn from the 500 test goals
     # bound on the analysis prompt in characters (~4 per token): prompt + answer inside SFT's 12,288 tokens
     # (15 steps of a ~1,500-character results page and a 512-token response would be ~50k characters)
     "analysis_max_chars": 36_000,
-    # GRPO's (R - mean) / std as SPEC.md states it; the public code's WebShop runs use R - mean (--adv-norm mean)
+    # GRPO's (R - mean) / std as docs/paper.md states it; the public code's WebShop runs use R - mean (--adv-norm mean)
     "adv_norm": "mean_std",
 }
 WIN_REWARD = 10.0
@@ -139,13 +139,13 @@ def eval_tasks(split, seed, limit, args):
     return [task_record(i, split, args) for i in pool]
 
 
-REAL_GOALS = 6910  # SPEC: synthetic goals of the real small set
+REAL_GOALS = 6910  # docs/paper.md: synthetic goals of the real small set
 
 
 def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
     """The preset's data (evaluate.py --data-manifest): the files and their sha256, the goals (per split the
     sha256 of the goals themselves: asin, options, price bound, text), the Stage 1 set and the RL stream,
-    with checks against SPEC.md. args: the parsed flags (--webshop-data), else $WEBSHOP_DATA.
+    with checks against docs/paper.md. args: the parsed flags (--webshop-data), else $WEBSHOP_DATA.
     Returns (printable lines, checks {name: ok}, manifest dict)."""
     from common.records import games_summary
     cat = load_catalog(_dirs(args)[0])
