@@ -28,7 +28,7 @@ only parsed answers become SFT examples (10% validation).
         --analyzer local --model tiny --max-new-tokens 16
     # follow one SFT example from the raw trajectory to its target (the summary prints ids to try; this one is
     # an example of the demo above: the ids depend only on the trajectories)
-    python annotate.py --trace sft-24398033638e --sft runs/demo/skills.sft.jsonl
+    python annotate.py --trace sft-a344ed357f1b --sft runs/demo/skills.sft.jsonl
 
 Outputs (append-only: a killed run restarts where it stopped, keyed by trajectory uid, no duplicates; a record
 that failed for transport reasons (timeouts, HTTP 5xx/429/408, connection errors, a 200 that is no chat
