@@ -70,6 +70,12 @@ def paired_bootstrap(a, b, n_boot=10_000, level=LEVEL, seed=0):
     return {"n": len(tasks), "mean": float(d.mean()), "sd": float(d.std(ddof=1)), "lo": float(lo), "hi": float(hi)}
 
 
+def task_statement(who, what, ci):
+    """The plain statement about a paired-by-task difference (percentage points): change_statement's rule."""
+    return change_statement(who, what, ci, " points", none="fewer than 2 shared held-out tasks on file, nothing "
+                            "can be said", over="task", interval="95% bootstrap interval")
+
+
 def pooled_task_means(runs):
     """Per held-out task, the end policies' success averaged over runs (seeds) that evaluated it."""
     acc = {}
@@ -77,17 +83,6 @@ def pooled_task_means(runs):
         for t, v in task_means((r["eval"].get("end") or {}).get("per_task")).items():
             acc.setdefault(t, []).append(v)
     return {t: sum(v) / len(v) for t, v in acc.items()}
-
-
-def task_statement(label, ci):
-    """The plain statement about a paired-by-task difference (percentage points), same rule as the others."""
-    if ci["mean"] is None:
-        return f"{label}: fewer than 2 shared held-out tasks on file, nothing can be said."
-    rng = f"{fmt(ci['mean'])} points, 95% bootstrap interval {fmt(ci['lo'])} to {fmt(ci['hi'])}, {ci['n']} tasks"
-    s = side(ci)
-    if s == "includes 0":
-        return f"{label}: the interval includes 0 ({rng}): no difference shown."
-    return f"{label}: {'higher' if s == 'above' else 'lower'} ({rng})."
 
 
 def side(ci):
@@ -155,18 +150,20 @@ def paired_statement(label, ci):
     return f"{label}, SEED - GRPO: SEED {'higher' if s == 'above' else 'lower'} ({rng})."
 
 
-def _flat(ci):
-    return "; every seed gave the same value" if ci["sd"] == 0 else ""
+def _flat(ci, over="seed"):
+    return f"; every {over} gave the same value" if ci["sd"] == 0 else ""
 
 
-def change_statement(who, what, ci, unit="", none="no runs"):
-    """The plain statement about one change (e.g. end - start evaluation), over seeds: higher / lower only when
-    the interval excludes 0; otherwise "no change shown"; with fewer than 2 seeds, no interval."""
+def change_statement(who, what, ci, unit="", none="no runs", over="seed", interval="95% interval"):
+    """The plain statement about one change (e.g. end - start evaluation), over seeds (or, for the paired-by-task
+    bootstrap, over="task"): higher / lower only when the interval excludes 0; otherwise "no change shown"; with
+    fewer than 2, no interval."""
     if ci["mean"] is None:
         return f"{who}, {what}: {none}."
     if ci["lo"] is None:
-        return f"{who}, {what}: {fmt(ci['mean'])}{unit} from 1 seed, no interval: nothing can be said."
-    rng = f"{fmt(ci['mean'])}{unit}, 95% interval {fmt(ci['lo'])} to {fmt(ci['hi'])}, {ci['n']} seeds{_flat(ci)}"
+        return f"{who}, {what}: {fmt(ci['mean'])}{unit} from 1 {over}, no interval: nothing can be said."
+    rng = (f"{fmt(ci['mean'])}{unit}, {interval} {fmt(ci['lo'])} to {fmt(ci['hi'])}, {ci['n']} {over}s"
+           f"{_flat(ci, over)}")
     s = side(ci)
     if s == "includes 0":
         return f"{who}, {what}: the interval includes 0 ({rng}): no change shown."
@@ -273,14 +270,14 @@ def analyze_group(runs):
     for m in (methods if start_tasks else []):  # records from before per-task outcomes were kept: none
         ci = paired_bootstrap(start_tasks, pooled_task_means(by[m].values()))
         out["paired_tasks"][f"{m}_end_minus_start"] = ci
-        out["statements"].append(task_statement(f"{LABEL.get(m, m)}, held-out success of the end policies (mean "
-                                                f"over {len(by[m])} seeds) minus the start, paired by task", ci))
+        out["statements"].append(task_statement(LABEL.get(m, m), f"held-out success of the end policies (mean over "
+                                                f"{len(by[m])} seeds) minus the start, paired by task", ci))
     if both and start_tasks:
         matched = [s for s in by["seed"] if s in by["grpo"]]
         ci = paired_bootstrap(pooled_task_means([by["grpo"][s] for s in matched]),
                               pooled_task_means([by["seed"][s] for s in matched]))
         out["paired_tasks"]["seed_minus_grpo"] = ci
-        out["statements"].append(task_statement(f"held-out success, SEED - GRPO end policies (mean over "
+        out["statements"].append(task_statement("held-out success", f"SEED - GRPO end policies (mean over "
                                                 f"{len(matched)} matched seeds), paired by task", ci))
     ev = out["eval"]["all"]
     # runs whose end evaluation never came (learning.py --salvage): in the training curves only

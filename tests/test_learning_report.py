@@ -202,6 +202,6 @@ def test_paired_bootstrap_by_task_hand_values():
     # every task moved by the same amount: the interval is that point
     same = paired_bootstrap({"a": 0.0, "b": 0.5}, {"a": 0.25, "b": 0.75})
     assert (same["mean"], same["lo"], same["hi"]) == (25.0, 25.0, 25.0)
-    assert "higher" in task_statement("x", same)
+    assert "higher" in task_statement("x", "y", same)
     assert paired_bootstrap({"a": 0.0}, {"a": 1.0})["mean"] is None  # one shared task: no interval
-    assert "nothing can be said" in task_statement("x", paired_bootstrap({"a": 0.0}, {"a": 1.0}))
+    assert "nothing can be said" in task_statement("x", "y", paired_bootstrap({"a": 0.0}, {"a": 1.0}))
