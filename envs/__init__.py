@@ -63,6 +63,15 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """--help shows the docstring's commands as written and every flag's default."""
 
 
+def env_parser(description, env, group="env"):
+    """A script's parser (HelpFormatter) and its first argument group, which holds --env: collect.py's,
+    evaluate.py's and seed_rl.py's flags start the same way."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    g = parser.add_argument_group(group)
+    add_env_arg(g, env)
+    return parser, g
+
+
 def require_split(env, flag, split):
     """A split the env does not have is refused in one line naming the env and its splits (each env module
     lists them in SPLITS), before any data is read."""
