@@ -24,7 +24,7 @@ import random
 import re
 import sys
 
-from prompts.agent import action_to_execute, parse_action, skill_block  # noqa: F401  (interface names)
+from prompts.agent import action_to_execute, parse_action, recent_steps, skill_block  # noqa: F401  (interface names)
 
 NAME = "alfworld"
 # docs/paper.md, Per-env settings, ALFWorld column (+ Stage 1 and evaluation). Every script's defaults come from here.
@@ -264,7 +264,8 @@ def reward(state, valid, invalid_penalty=INVALID_PENALTY):
 # sample. The prompt is one user message:
 #   step 1      role, current observation, admissible actions, closing instruction
 #   step t > 1  role + task line, steps taken so far, the last k (observation, action) pairs, current step
-#               number and observation, admissible actions, closing instruction
+#               number and observation (prompts/agent.py `recent_steps`, shared with WebShop), admissible
+#               actions, closing instruction
 # The skill-aware "teacher" prompt of Stage 2 is the same prompt with an episode-skill block inserted right
 # after the task line (at step 1 that line is inside the observation, as in the public code's
 # seed/prompting.py; an observation without one gets the block before the closing instruction).
@@ -285,12 +286,6 @@ def quote_actions(admissible):
     return "\n ".join(f"'{a}'" for a in admissible)
 
 
-def format_history(history, first_index):
-    """history: [(observation, action), ...] oldest first; first_index: the step number of history[0]."""
-    return "\n".join(f"[Observation {first_index + i}: '{obs}', Action {first_index + i}: '{act}']"
-                     for i, (obs, act) in enumerate(history))
-
-
 def build_agent_prompt(observation, admissible, *, step, task=None, history=(), skill=None):
     """The user message for one step.
 
@@ -309,12 +304,9 @@ def build_agent_prompt(observation, admissible, *, step, task=None, history=(), 
                 f"{current}"
                 f"Your admissible actions in the current situation are: [{actions}].\n\n"
                 f"{block}{CLOSING}")
-    k = len(history)
     return (f"{ROLE} Your task is to: {task}\n"
             f"{block}"
-            f"Before this step you have already taken {step - 1} step(s). Below are the most recent {k} "
-            f"observations and the action you took after each:\n{format_history(history, step - k)}\n"
-            f"You are now at step {step} and your current observation is: {observation}\n"
+            f"{recent_steps(history, step, observation)}"
             f"Your admissible actions in the current situation are: [{actions}].\n\n"
             f"{CLOSING}")
 

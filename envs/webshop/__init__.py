@@ -234,18 +234,13 @@ def build_prompt(task, observation, admissible, step, history, skill=None):
     """The user message of `step` (1-based). history: the last k step records, oldest first (their
     `observation` and `executed`). skill: None (plain) or the episode skill, whose block goes right after
     the task line; plain and skill prompts differ by exactly that block."""
-    from prompts.agent import skill_block
-    block = skill_block(skill) if skill else ""
+    block = agent.skill_block(skill) if skill else ""
     head = f"{ROLE}\nYour task is to: {task}\n{block}"
     tail = (f"Your admissible actions in the current situation are:\n[\n{quote_actions(admissible)}\n].\n\n"
             f"{CLOSING}")
     if step == 1 or not history:
         return f"{head}Your current observation is: {observation}\n{tail}"
-    lines = "\n".join(f"[Observation {h['step']}: '{h['observation']}', Action {h['step']}: '{h['executed']}']"
-                      for h in history)
-    return (f"{head}Before this step you have already taken {step - 1} step(s). Below are the most recent "
-            f"{len(history)} observations and the action you took after each:\n{lines}\n"
-            f"You are now at step {step} and your current observation is: {observation}\n{tail}")
+    return head + agent.recent_steps([(h["observation"], h["executed"]) for h in history], step, observation) + tail
 
 
 
