@@ -70,7 +70,7 @@ WIN_REWARD = 10.0
 
 
 # ----------------------------------------------------------------------------------------------------
-# Flags and tasks
+# Data and flags
 
 def default_data_dir():
     return os.environ.get("WEBSHOP_DATA") or shared_dir("webshop")
@@ -95,6 +95,9 @@ def _dirs(args):
     return (os.path.abspath(getattr(args, "webshop_data", None) or default_data_dir()),
             os.path.abspath(getattr(args, "webshop_index_cache", None) or default_index_dir()))
 
+
+# ----------------------------------------------------------------------------------------------------
+# Tasks
 
 def split_indices(split, n_goals):
     if split == "test":
@@ -216,7 +219,7 @@ def make_game(task):
 
 
 # ----------------------------------------------------------------------------------------------------
-# The agent's side: prompt, parsing, reward
+# The prompt
 
 ROLE = "You are an expert autonomous agent operating in the WebShop e-commerce environment."
 CLOSING = (
@@ -243,7 +246,9 @@ def build_prompt(task, observation, admissible, step, history, skill=None):
     return head + agent.recent_steps([(h["observation"], h["executed"]) for h in history], step, observation) + tail
 
 
-
+# ----------------------------------------------------------------------------------------------------
+# Parsing and reward
+# parse_action is prompts/agent.py's (the public code's tag rule, shared with ALFWorld).
 
 def is_admissible(action, admissible):
     """Whether the action is one the page offers: search[...] with a query where 'search[<your query>]' is
@@ -266,7 +271,7 @@ def reward(state, valid, invalid_penalty=PRESET["invalid_penalty"]):
 
 
 # ----------------------------------------------------------------------------------------------------
-# The scripted expert (CPU demos and tests)
+# The scripted expert (CPU demos and tests) and the episode stats
 
 def expert_action(episode):
     """The expert's next action: it knows the goal. Search the goal's instruction (the product's title on
@@ -298,15 +303,15 @@ def expert_action(episode):
     return "click[back to search]"
 
 
-def episode_stats(episode):
-    """Searches made and clicks on the way to a purchase (an episode that never clicks 'buy now' scores 0)."""
-    executed = [str(s.get("executed") or "") for s in episode.get("steps", [])]
-    return {"searches": sum(a.startswith("search[") for a in executed),
-            "clicks": sum(a.startswith("click[") for a in executed)}
-
-
 def expert_response(episode):
     """The expert's response text, in the agent's <think>/<action> format."""
     action = expert_action(episode)
     return (f"<think>I know the goal; the next step towards buying it is {action}.</think>\n"
             f"<action>{action}</action>")
+
+
+def episode_stats(episode):
+    """Searches made and clicks on the way to a purchase (an episode that never clicks 'buy now' scores 0)."""
+    executed = [str(s.get("executed") or "") for s in episode.get("steps", [])]
+    return {"searches": sum(a.startswith("search[") for a in executed),
+            "clicks": sum(a.startswith("click[") for a in executed)}
