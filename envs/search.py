@@ -30,8 +30,6 @@ needs the optional `pyarrow`). Splits:
 """
 import argparse
 import functools
-import hashlib
-import json
 import os
 import random
 import re
