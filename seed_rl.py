@@ -47,7 +47,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive
+from envs import env_from_argv, env_parser, require_positive
 from common.backends import HFBackend, ScriptedAnalyzer, VLLMBackend
 from common.models import attn_implementation, load_model, load_tokenizer
 from envs.pool import EnvPool
@@ -313,9 +313,7 @@ def parse_args():
                  lr=P["lr"], warmup_ratio=P["warmup_ratio"], mini_batch=P["mini_batch"],
                  micro_batch=P["micro_batch"], clip_eps=0.2, grad_clip=1.0, kl_coef=P["kl_coef"], opd_coef=0.01,
                  opd_beta=5.0, adv_mode="episode", adv_norm=P["adv_norm"], analyzer_model=None)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    g = p.add_argument_group("env and rollout")
-    add_env_arg(g, env)
+    p, g = env_parser(__doc__, env, group="env and rollout")
     g.add_argument("--updates", type=int, default=paper["updates"], help="policy updates (each plays a fresh task batch)")
     g.add_argument("--tasks-per-update", type=int, default=paper["tasks_per_update"], help="tasks (GRPO groups) per update")
     g.add_argument("--group-size", type=int, default=paper["group_size"], help="episodes per task (a GRPO group)")
