@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO, run_script
 from test_search import REAL_CORPUS, start_server, stop
 
-H200 = os.path.join(REPO, "benchmarks", "h200.sh")
+H200 = os.path.join(REPO, "benchmarks", "remote", "h200.sh")
 
 
 def h200_search_env_args():

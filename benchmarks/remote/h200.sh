@@ -3,31 +3,31 @@
 # the device bundles installed (vLLM 0.24.0, alfworld 0.4.2, Qwen2.5-Coder-0.5B-Instruct, the assets).
 # Parts, each under 10 minutes, run back to back (B and C read S1's checkpoint from $RUN):
 #
-#   bash benchmarks/h200.sh A    # trainer-step benchmark (Qwen2.5-1.5B shape, random weights, ablations),
+#   bash benchmarks/remote/h200.sh A    # trainer-step benchmark (Qwen2.5-1.5B shape, random weights, ablations),
 #                                # then R
-#   bash benchmarks/h200.sh R    # rollout benchmark (vLLM direct vs the project's backend), with vLLM's V2
+#   bash benchmarks/remote/h200.sh R    # rollout benchmark (vLLM direct vs the project's backend), with vLLM's V2
 #                                # model runner (the project's choice) and with V1; HF generate in the first;
 #                                # then both runners at seed_rl.py's batch per engine (16 x 512 new tokens)
-#   bash benchmarks/h200.sh S1   # Stage 1 on the real 0.5B model: collect -> annotate (the model analyzes its
+#   bash benchmarks/remote/h200.sh S1   # Stage 1 on the real 0.5B model: collect -> annotate (the model analyzes its
 #                                # own episodes) -> short SFT; then engine-vs-trainer log-prob agreement
-#   SFT_DATA=results/2026-12-03-stage1-chain-0.5b/stage1/skills.sft.jsonl bash benchmarks/h200.sh SFT
+#   SFT_DATA=results/2026-12-03-stage1-chain-0.5b/stage1/skills.sft.jsonl bash benchmarks/remote/h200.sh SFT
 #                                # only S1's SFT, from an earlier run's annotated data (kept in the repo)
-#   bash benchmarks/h200.sh P    # trainer step on step-sample lengths (issue 20): plain HF padded vs the
+#   bash benchmarks/remote/h200.sh P    # trainer step on step-sample lengths (issue 20): plain HF padded vs the
 #                                # project's step padded and packed; the lengths B recorded ($RUN/seed/
 #                                # lengths.jsonl, or $LENGTHS) if present, else synthetic ALFWorld-shaped ones;
 #                                # PROFILE=1 adds kernel tables (one more pass per path); PATHS=a,b picks
 #                                # trainer_lengths.py --paths; LIMIT=seconds (default 290)
-#   bash benchmarks/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
-#   bash benchmarks/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
-#   bash benchmarks/h200.sh AS   # issue 19: the rollout in lockstep vs per episode (2 x 8 and 16 x 8 episodes,
+#   bash benchmarks/remote/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
+#   bash benchmarks/remote/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
+#   bash benchmarks/remote/h200.sh AS   # issue 19: the rollout in lockstep vs per episode (2 x 8 and 16 x 8 episodes,
 #                                # 30 steps), then seed_rl.py's update with the self-analysis overlapped (SEED,
 #                                # GRPO, SEED --lockstep; 2 updates each) within BUDGET s (default 480);
 #                                # $OUT/rollout_async.json (benchmarks/rollout_async.py); PARTS=a,update picks
 #                                # its --parts (default a,update,update_lockstep,b)
-#   bash benchmarks/h200.sh Q    # Search (issue 16): the project's BM25 retriever over the shared corpus
+#   bash benchmarks/remote/h200.sh Q    # Search (issue 16): the project's BM25 retriever over the shared corpus
 #                                # ($SEARCH_DATA), the 0.5B model's EM on the 100 validation questions before
 #                                # and after a few SEED updates on the train questions; retriever share of time
-#   bash benchmarks/h200.sh L    # the learning benchmark (issue 21, benchmarks/learning.py): SEED and GRPO
+#   bash benchmarks/remote/h200.sh L    # the learning benchmark (issue 21, benchmarks/remote/learning_remote.py): SEED and GRPO
 #                                # from the same start, matched seeds, 10 updates of 2 x 8 episodes, 15 steps,
 #                                # lr 1e-5, each end policy evaluated on held-out games (plain prompt); one
 #                                # record per finished run in results/learning/, copied to $OUT/learning/
@@ -37,7 +37,7 @@
 #   SEEDS="0 1 2" METHODS=seed,grpo   the queue (seed-major: SEED and GRPO of a seed together); finished
 #                                     runs (on file in results/learning/ or done in $RUN/learning) are skipped
 #   LANES=2         jobs at a time on the GPU (two seed_rl.py side by side, vLLM at 0.2 of the GPU each,
-#                   engine starts kept apart by the gate in learning.py); LANES=1: one at a time (vLLM 0.4)
+#                   engine starts kept apart by the gate in learning_remote.py); LANES=1: one at a time (vLLM 0.4)
 #   DETACH=1        (default) at the deadline the jobs keep running (own process sessions) and the next call
 #                   of L collects them: call L back to back (the machine keeps /tmp ~30 s after a call).
 #                   DETACH=0: only jobs that the estimates say end before the deadline are started, and what
@@ -48,7 +48,7 @@
 #                   runs the plumbing check (seed_rl.py --probe-action look, base model) beside that SFT
 #   UPDATES TASKS STEPS LR: unset, learning.py's preset for the env (ALFWorld: 10 updates of 2 x 8, 15 steps,
 #                   lr 1e-5; Search: 10 of 8 x 8, 4 turns); EVAL_LIMIT (12 games per split; Search: 100, the whole val
-#                   split); PACKING=off|auto|... (seed_rl.py --packing); LEARN_ARGS: more learning.py flags
+#                   split); PACKING=off|auto|... (seed_rl.py --packing); LEARN_ARGS: more learning_remote.py flags
 #                   (e.g. --dry-run)
 #   ENV=search      Search on the hotpot questions ($SEARCH_DATA): the retriever starts in its own process
 #                   session on 127.0.0.1:8000 (kept for the next call), the held-out questions are the val split
@@ -61,7 +61,7 @@
 # of runs spans two calls, and the last call must leave ~4 minutes after training for the end evaluations. The
 # queue runs in the order of SEEDS, then METHODS: put the runs you need most first. Five runs at LANES=3 took
 # three calls (seventh session: 428 + 531 + 367 s of the driver). If the
-# machine goes away first, `python benchmarks/learning.py --salvage <files_at>/L.tar.gz` records what came back
+# machine goes away first, `python benchmarks/remote/learning_remote.py --salvage <files_at>/L.tar.gz` records what came back
 # (a run whose training finished, without its end evaluation). Put SEED_CODE_COMMIT=<the commit you send> in the
 # command: the device copy's .git can be stale, and the records keep what you name beside what git says.
 #
@@ -193,7 +193,7 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
           > "$RUN/logs/probe.log" 2>&1 &
       PROBE_PID=$!
       # vLLM sizes its KV cache from the free memory it sees while it profiles, and fails if another process
-      # allocates meanwhile (learning.py's gate): the SFT starts once the probe's engine is up
+      # allocates meanwhile (learning_remote.py's gate): the SFT starts once the probe's engine is up
       for i in $(seq 150); do grep -q "init engine (" "$RUN/logs/probe.log" 2>/dev/null && break; sleep 1; done
     fi
     step bc_sft 420 $TORCHRUN sft.py --env alfworld --model "$M" --bc-data "${BC_DATA%.xz}" \
@@ -212,7 +212,7 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
   fi
   LEFT=$(( ${BUDGET:-480} - SECONDS ))  # what this call has left for the driver
   # settings left unset come from learning.py's per-env preset (ALFWorld: 10 updates of 2 x 8, 15 steps, lr 1e-5)
-  step learning $((LEFT + 60)) $PY benchmarks/learning.py --model "$START_MODEL" --env "${ENV:-alfworld}" \
+  step learning $((LEFT + 60)) $PY benchmarks/remote/learning_remote.py --model "$START_MODEL" --env "${ENV:-alfworld}" \
       --methods "${METHODS:-seed,grpo}" --seeds "${SEEDS:-0 1 2}" --lanes "${LANES:-2}" ${UPDATES:+--updates "$UPDATES"} \
       ${TASKS:+--tasks-per-update "$TASKS"} ${STEPS:+--max-steps "$STEPS"} ${LR:+--lr "$LR"} \
       --eval-limit "${EVAL_LIMIT:-$([ "${ENV:-alfworld}" = search ] && echo 100 || echo 12)}" --deadline-s "$LEFT" \
