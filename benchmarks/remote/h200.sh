@@ -75,6 +75,7 @@ mkdir -p "$RUN/logs" "$OUT"
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 PY=${PY:-python3}
 TORCHRUN="$PY -m torch.distributed.run --standalone --nproc_per_node 1"
+CMDS=benchmarks/remote/commands.py  # parts L and Q build their jobs' commands there (tests/test_h200_paths.py runs them)
 
 step() {  # step NAME TIMEOUT_S CMD...: run, log, time, never abort the part
   local name=$1 limit=$2; shift 2
@@ -94,7 +95,7 @@ sft() {  # sft TIMEOUT_S DATA: the short SFT of the 0.5B model (S1, SFT); its me
 retriever() {  # retriever [setsid]: the BM25 server on 127.0.0.1:8000 over $SEARCH_DATA unless one answers
   RETR=""       # its pid when started here; setsid: in its own session, so it outlives this call
   curl -sf http://127.0.0.1:8000/health > /dev/null && return
-  ${1:-} $PY -m envs.retriever --corpus "${SEARCH_DATA:-${SHARED:-../shared}/search}/corpus.jsonl.xz" --port 8000 \
+  ${1:-} $PY $CMDS retriever --corpus "${SEARCH_DATA:-${SHARED:-../shared}/search}/corpus.jsonl.xz" --port 8000 \
       --log-file "$RUN/logs/retriever.log" > "$RUN/logs/retriever.out" 2>&1 < /dev/null &
   RETR=$!
   for i in $(seq 90); do curl -sf http://127.0.0.1:8000/health > /dev/null && break; sleep 1; done
@@ -162,13 +163,11 @@ AS)  # lockstep vs per-episode rollout, and the update with the analysis overlap
 Q)  # Search: retriever server, EM before, SEED updates, EM after (validation questions, plain prompt)
   mkdir -p "$RUN/search"
   retriever
-  EV="--env search --splits val --backend vllm --gpu-memory-utilization 0.5 --workers 16 --retriever-url http://127.0.0.1:8000/retrieve"
-  step search_eval0 150 $PY evaluate.py $EV --model "$M" --out "$RUN/search/eval0"
-  step search_seed 330 $TORCHRUN seed_rl.py --env search --model "$M" --tasks-per-update ${TASKS:-16} \
-      --group-size 8 --updates ${UPDATES:-4} --lr ${LR:-1e-5} --workers 16 --save-every 100 --dump-examples 8 \
-      --retriever-url http://127.0.0.1:8000/retrieve --out "$RUN/search/seed"
+  step search_eval0 150 $PY $CMDS search-eval --model "$M" --out "$RUN/search/eval0"
+  step search_seed 330 $PY $CMDS search-train --model "$M" --tasks ${TASKS:-16} --updates ${UPDATES:-4} \
+      --lr ${LR:-1e-5} --out "$RUN/search/seed"
   F=$RUN/search/seed/hf/final; [ -f "$F/config.json" ] || F=$M
-  step search_eval1 150 $PY evaluate.py $EV --model "$F" --out "$RUN/search/eval1"
+  step search_eval1 150 $PY $CMDS search-eval --model "$F" --out "$RUN/search/eval1"
   [ -n "$RETR" ] && kill $RETR 2>/dev/null
   for d in eval0 eval1; do rm -f "$RUN/search/$d/trajectories.jsonl.gz"; gzip -f "$RUN/search/$d/trajectories.jsonl" 2>/dev/null; done
   tar -czf "$OUT/Q.tar.gz" -C "$RUN" search/eval0 search/eval1 search/seed/metrics.jsonl search/seed/examples.jsonl \
@@ -187,37 +186,29 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
     for f in ${BC_DATA:-} ${BC_SKILLS:-}; do case $f in *.xz) xz -dkf "$f" ;; esac; done
     if [ "${PROBE:-0}" = 1 ]; then
       mkdir -p "$RUN/probe"
-      $TORCHRUN seed_rl.py --env alfworld --model "$M" --opd-coef 0 --probe-action look \
-          --max-steps 1 --updates ${PROBE_UPDATES:-10} --tasks-per-update 8 --group-size 8 --lr 1e-5 --workers 4 \
-          --gpu-memory-utilization 0.15 --save-every 0 --dump-examples 0 --out "$RUN/probe" \
-          > "$RUN/logs/probe.log" 2>&1 &
+      $PY $CMDS probe --model "$M" --updates ${PROBE_UPDATES:-10} --out "$RUN/probe" > "$RUN/logs/probe.log" 2>&1 &
       PROBE_PID=$!
       # vLLM sizes its KV cache from the free memory it sees while it profiles, and fails if another process
       # allocates meanwhile (learning_remote.py's gate): the SFT starts once the probe's engine is up
       for i in $(seq 150); do grep -q "init engine (" "$RUN/logs/probe.log" 2>/dev/null && break; sleep 1; done
     fi
-    step bc_sft 420 $TORCHRUN sft.py --env alfworld --model "$M" --bc-data "${BC_DATA%.xz}" \
-        ${BC_SKILLS:+--data "${BC_SKILLS%.xz}"} --out "$RUN/bc" --epochs ${BC_EPOCHS:-2} --lr ${BC_LR:-1e-5} \
-        --batch-size 32 --micro-batch 8 --save-every 10000 --save-dtype bfloat16
+    step bc_sft 420 $PY $CMDS bc-sft --model "$M" --bc-data "${BC_DATA%.xz}" ${BC_SKILLS:+--skills "${BC_SKILLS%.xz}"} \
+        --out "$RUN/bc" --epochs ${BC_EPOCHS:-2} --lr ${BC_LR:-1e-5}
     [ -n "${PROBE_PID:-}" ] && wait "$PROBE_PID"
     # one tarball (the device returns at most 8 files): the SFT's and the probe's metrics, manifests, logs
     (cd "$RUN" && tar -czf "$OUT/BC.tar.gz" $(ls bc/metrics.jsonl bc/seed_manifest.json probe/metrics.jsonl \
         probe/seed_manifest.json logs/probe.log logs/bc_sft.log 2>/dev/null))
   fi
   [ "${START:-base}" = bc ] && START_MODEL=$RUN/bc
-  ENV_ARGS=()
-  if [ "${ENV:-alfworld}" = search ]; then  # the retriever outlives this call: the detached jobs need it next call
-    retriever setsid
-    ENV_ARGS=("--env-args=--retriever-url http://127.0.0.1:8000/retrieve")  # the POST endpoint (was the bare host: HTTP 404)
-  fi
+  # the retriever outlives this call: the detached jobs need it next call
+  [ "${ENV:-alfworld}" = search ] && retriever setsid
   LEFT=$(( ${BUDGET:-480} - SECONDS ))  # what this call has left for the driver
   # settings left unset come from learning.py's per-env preset (ALFWorld: 10 updates of 2 x 8, 15 steps, lr 1e-5)
-  step learning $((LEFT + 60)) $PY benchmarks/remote/learning_remote.py --model "$START_MODEL" --env "${ENV:-alfworld}" \
+  step learning $((LEFT + 60)) $PY $CMDS learning --model "$START_MODEL" --env "${ENV:-alfworld}" \
       --methods "${METHODS:-seed,grpo}" --seeds "${SEEDS:-0 1 2}" --lanes "${LANES:-2}" ${UPDATES:+--updates "$UPDATES"} \
-      ${TASKS:+--tasks-per-update "$TASKS"} ${STEPS:+--max-steps "$STEPS"} ${LR:+--lr "$LR"} \
-      --eval-limit "${EVAL_LIMIT:-$([ "${ENV:-alfworld}" = search ] && echo 100 || echo 12)}" --deadline-s "$LEFT" \
-      --scratch "$RUN/learning" --python "$PY" ${PACKING:+--seed-rl-args="--packing $PACKING"} \
-      ${ENV_ARGS[@]+"${ENV_ARGS[@]}"} $([ "${DETACH:-1}" = 1 ] && echo --detach) ${LEARN_ARGS:-}
+      ${TASKS:+--tasks "$TASKS"} ${STEPS:+--steps "$STEPS"} ${LR:+--lr "$LR"} ${EVAL_LIMIT:+--eval-limit "$EVAL_LIMIT"} \
+      --deadline-s "$LEFT" --scratch "$RUN/learning" ${PACKING:+--packing "$PACKING"} \
+      $([ "${DETACH:-1}" = 1 ] && echo --detach) -- ${LEARN_ARGS:-}
   mkdir -p "$OUT/learning" && cp results/learning/*.jsonl "$OUT/learning/"
   # logs, status and metrics of every job (no weights, no trajectories)
   (cd "$RUN" && find learning -maxdepth 3 -not -path 'learning/start-*' \( -name '*.log' -o -name '*.json' \
