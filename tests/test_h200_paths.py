@@ -9,15 +9,13 @@ instead of on a GPU (part L was once only dry-run, and every Search job failed w
 import json
 import os
 import re
-import select
 import subprocess
 import sys
-import time
 
 import pytest
 
 from conftest import REPO, run_script
-from test_search import REAL_CORPUS, stop
+from test_search import REAL_CORPUS, start_server, stop
 
 H200 = os.path.join(REPO, "benchmarks", "remote", "h200.sh")
 SHIM = os.path.join(REPO, "tests", "data", "h200_shim.py")
@@ -25,14 +23,15 @@ CPU = ["--max-new-tokens", "8", "--workers", "1"]  # appended to every job: shor
 
 
 def h200(part, run_dir, **knobs):
-    """Run `bash h200.sh PART` with the shim as $PY (and a curl whose first health check finds no retriever, so
-    h200.sh starts one). Returns [(commands.py job name, the built argv)] in the order h200.sh started them."""
+    """Run `bash h200.sh PART` with the shim as $PY, and a curl whose health check answers once the shim has
+    recorded a retriever (so h200.sh starts one, and waits for it as for the real server). Returns
+    [(commands.py job name, the built argv)] in the order h200.sh started them."""
     bin_dir = run_dir / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    curl = bin_dir / "curl"
-    curl.write_text('#!/bin/sh\n[ -f "$RUN/curl_seen" ] && exit 0\ntouch "$RUN/curl_seen"; exit 1\n')
-    curl.chmod(0o755)
     log = run_dir / "shim.jsonl"
+    curl = bin_dir / "curl"
+    curl.write_text(f"#!/bin/sh\ngrep -q '\"name\": \"retriever\"' {log} 2>/dev/null\n")
+    curl.chmod(0o755)
     env = dict(os.environ, PY=f"{sys.executable} {SHIM}", RUN=str(run_dir), OUT=str(run_dir / "out"),
                QWEN_CODER_DIR="tiny", SEARCH_DATA=os.path.dirname(REAL_CORPUS), H200_SHIM_LOG=str(log),
                PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **knobs)
@@ -53,20 +52,10 @@ def at_port(cmd, port):
 
 
 def start_retriever(cmd, workdir):
-    """h200.sh's retriever command on a free port (--port 0; the server prints its URL); returns (proc, port)."""
-    cmd = cmd[:cmd.index("--port") + 1] + ["0"] + cmd[cmd.index("--port") + 2:] + ["--cache-dir", str(workdir / "cache")]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    deadline, seen = time.monotonic() + 120, ""
-    while time.monotonic() < deadline and proc.poll() is None:
-        if select.select([proc.stdout], [], [], 0.5)[0]:
-            line = proc.stdout.readline()
-            seen += line
-            m = re.search(r"at http://127\.0\.0\.1:(\d+)/retrieve", line)
-            if m:
-                return proc, m.group(1)
-    proc.kill()
-    raise AssertionError(f"retriever did not start: {seen} {proc.stderr.read()}")
+    """h200.sh's retriever command on a free port (--port 0); returns (process, port)."""
+    i = cmd.index("--port") + 1
+    proc, url = start_server(None, workdir, cmd=cmd[:i] + ["0"] + cmd[i + 1:])
+    return proc, re.match(r"http://127\.0\.0\.1:(\d+)/retrieve", url).group(1)
 
 
 def run_built(cmd, *extra, timeout=600):

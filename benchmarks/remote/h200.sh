@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs behind the README's "Performance" and "The chain on a real model" sections, on one H200 with
 # the device bundles installed (vLLM 0.24.0, alfworld 0.4.2, Qwen2.5-Coder-0.5B-Instruct, the assets).
+# benchmarks/remote/README.md says why the runs are split into such calls; your own GPU box needs none of it.
 # Parts, each under 10 minutes, run back to back (B and C read S1's checkpoint from $RUN):
 #
 #   bash benchmarks/remote/h200.sh A    # trainer-step benchmark (Qwen2.5-1.5B shape, random weights, ablations),
@@ -27,7 +28,7 @@
 #   bash benchmarks/remote/h200.sh Q    # Search (issue 16): the project's BM25 retriever over the shared corpus
 #                                # ($SEARCH_DATA), the 0.5B model's EM on the 100 validation questions before
 #                                # and after a few SEED updates on the train questions; retriever share of time
-#   bash benchmarks/remote/h200.sh L    # the learning benchmark (issue 21, benchmarks/remote/learning_remote.py): SEED and GRPO
+#   bash benchmarks/remote/h200.sh L    # the learning benchmark (issue 21, learning_remote.py): SEED and GRPO
 #                                # from the same start, matched seeds, 10 updates of 2 x 8 episodes, 15 steps,
 #                                # lr 1e-5, each end policy evaluated on held-out games (plain prompt); one
 #                                # record per finished run in results/learning/, copied to $OUT/learning/
@@ -60,13 +61,14 @@
 # (LANES=3: 123.0 of 140 GiB). End evaluations 94-147 s each. So a SEED run is ~14 minutes side by side: a wave
 # of runs spans two calls, and the last call must leave ~4 minutes after training for the end evaluations. The
 # queue runs in the order of SEEDS, then METHODS: put the runs you need most first. Five runs at LANES=3 took
-# three calls (seventh session: 428 + 531 + 367 s of the driver). If the
-# machine goes away first, `python benchmarks/remote/learning_remote.py --salvage <files_at>/L.tar.gz` records what came back
-# (a run whose training finished, without its end evaluation). Put SEED_CODE_COMMIT=<the commit you send> in the
+# three calls (seventh session: 428 + 531 + 367 s of the driver). If the machine goes away first,
+# `python benchmarks/remote/learning_remote.py --salvage <files_at>/L.tar.gz` records what came back (a run
+# whose training finished, without its end evaluation). Put SEED_CODE_COMMIT=<the commit you send> in the
 # command: the device copy's .git can be stale, and the records keep what you name beside what git says.
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
-# to $OUT (the device tool brings that folder back) as one tarball per part.
+# to $OUT (the device tool brings that folder back) as one tarball per part. Parts L and Q have their jobs'
+# commands built by benchmarks/remote/commands.py, which tests/test_h200_paths.py runs on CPU (tiny model).
 set -u
 RUN=${RUN:-/tmp/seed-run}
 OUT=${OUT:-$RUN/out}
