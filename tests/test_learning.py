@@ -69,6 +69,16 @@ def test_one_record_per_finished_run_and_finished_runs_are_skipped(fake):
     assert len(runs) == 6 and len({r["group"] for r in runs}) == 2 and len(read(fake.res / "evals.jsonl")) == 1
 
 
+def test_plain_runner_a_failed_run_leaves_no_record_and_says_why(fake, tmp_path):
+    bad = tmp_path / "fail.py"
+    bad.write_text("import sys\nprint('torch.OutOfMemoryError: CUDA out of memory')\nsys.exit(3)\n")
+    p = fake("--methods", "grpo,seed", "--seeds", "0", "--seed-rl-script", str(bad), script=PLAIN, check=False)
+    assert p.returncode == 1 and "FAILED in train (rc 3, out_of_memory)" in p.stdout
+    assert "2 run(s) in this call, 2 failed" in p.stdout
+    assert read(fake.res / "runs.jsonl") == [] and len(read(fake.res / "evals.jsonl")) == 1  # the start's is kept
+    assert sorted(a["outcome"] for a in read(fake.res / "attempts.jsonl")) == ["failed", "failed", "ok"]
+
+
 def test_a_run_killed_at_the_deadline_leaves_no_record_and_no_process(fake):
     fake("--methods", "grpo", "--seeds", "0")  # on file: its time is the estimate for the next (about 1 s)
     out = fake("--methods", "grpo", "--seeds", "1", "--deadline-s", "2.5", env={"FAKE_SLEEP": "1.5"}).stdout
