@@ -272,7 +272,7 @@ def analyze_group(runs):
         out["statements"].append(task_statement("held-out success", f"SEED - GRPO end policies (mean over "
                                                 f"{len(matched)} matched seeds), paired by task", ci))
     ev = out["eval"]["all"]
-    # runs whose end evaluation never came (learning.py --salvage): in the training curves only
+    # runs whose end evaluation never came (learning_remote.py --salvage): in the training curves only
     out["no_end_eval"] = {r["run_id"]: r["eval"].get("end_missing", "?") for r in runs if not r["eval"].get("end")}
     for k, label in EVAL_KEYS[:3]:
         for m in methods:

@@ -165,7 +165,7 @@ def test_exclude_leaves_a_run_out(report):
 
 
 def test_a_run_without_its_end_evaluation_counts_in_the_curves_only(tmp_path):
-    """learning.py --salvage: a run whose end evaluation never came. Its training rows pool as usual; the held-out
+    """learning_remote.py --salvage: a run whose end evaluation never came. Its training rows pool as usual; the held-out
     end rows count the other runs only, and the report names it."""
     runs = [record(m, s) for m, s in INVALID]
     lost = [r for r in runs if r["method"] == "seed" and r["seed"] == 2][0]
