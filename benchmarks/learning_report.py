@@ -15,7 +15,6 @@ Every kept run counts: to drop one, delete its line from runs.jsonl. `--exclude 
 """
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -23,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from common.records import read_jsonl  # noqa: E402
-from common.stats import betainc, mean_ci, t_cdf, t_quantile  # noqa: E402,F401
+from common.stats import bootstrap_mean_ci, mean_ci  # noqa: E402
 
 # (key in the record's per-update rows, label): the curves; the first six also as SEED - GRPO differences
 CURVES = [("invalid", "invalid-action rate"), ("inadmissible", "inadmissible-action rate"),
@@ -59,15 +58,8 @@ def paired_bootstrap(a, b, n_boot=10_000, level=LEVEL, seed=0):
     replacement: the two policies are compared on the same items, so task difficulty cancels. The interval
     covers the sampling of tasks and of episodes, not the variation between training runs (the seed intervals
     elsewhere cover that). Returns {n, mean, sd, lo, hi} like mean_ci (sd: of the per-task differences)."""
-    import numpy as np
     tasks = sorted(t for t in a if t in b)
-    if len(tasks) < 2:
-        return {"n": len(tasks), "mean": None, "sd": None, "lo": None, "hi": None}
-    d = 100.0 * (np.array([b[t] for t in tasks]) - np.array([a[t] for t in tasks]))
-    idx = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))
-    boots = d[idx].mean(axis=1)
-    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
-    return {"n": len(tasks), "mean": float(d.mean()), "sd": float(d.std(ddof=1)), "lo": float(lo), "hi": float(hi)}
+    return bootstrap_mean_ci([100.0 * (b[t] - a[t]) for t in tasks], level=level, n_boot=n_boot, seed=seed)
 
 
 def task_statement(who, what, ci):
@@ -280,7 +272,7 @@ def analyze_group(runs):
         out["statements"].append(task_statement("held-out success", f"SEED - GRPO end policies (mean over "
                                                 f"{len(matched)} matched seeds), paired by task", ci))
     ev = out["eval"]["all"]
-    # runs whose end evaluation never came (learning.py --salvage): in the training curves only
+    # runs whose end evaluation never came (learning_remote.py --salvage): in the training curves only
     out["no_end_eval"] = {r["run_id"]: r["eval"].get("end_missing", "?") for r in runs if not r["eval"].get("end")}
     for k, label in EVAL_KEYS[:3]:
         for m in methods:

@@ -10,7 +10,7 @@ Lengths: seed_rl.py writes one line per update to lengths.jsonl in its --out fol
 token lengths of every step sample ({"update": 1, "samples": [[812, 64], ...]}); --update picks the line
 (default: the last). Without --lengths, a synthetic list shaped like ALFWorld's (reported as synthetic):
 --episodes x --steps-per-episode step samples (default 16 x 30: seed_rl.py's update on one GPU in
-benchmarks/h200.sh B), the prompt growing with each of up to 5 history entries (about 350-900 tokens at step
+benchmarks/remote/h200.sh B), the prompt growing with each of up to 5 history entries (about 350-900 tokens at step
 1, up to ~1,800), responses mostly 30-150 tokens with 2.5% cut at 512 (the H200 runs of 2026-12-03: 71
 response tokens per step sample on average, 2.5% truncated).
 

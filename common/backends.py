@@ -275,7 +275,7 @@ class VLLMBackend:
         except AssertionError as e:
             # vLLM checks its sleep by the device's free memory before and after (gpu_worker.py: "Memory usage
             # increased after sleeping"), so another process on the same GPU allocating meanwhile (two runs side
-            # by side, benchmarks/learning.py; seen on the H200) fails the check after the sleep itself is done.
+            # by side, benchmarks/remote/; seen on the H200) fails the check after the sleep itself is done.
             # Mark the executor asleep as vLLM would have: its wake_up does nothing unless is_sleeping is set.
             if "Memory usage increased after sleeping" not in str(e):
                 raise

@@ -1,8 +1,9 @@
-"""benchmarks/learning.py: the driver and its runners with stand-ins for seed_rl.py and evaluate.py
-(tests/data/fake_*.py: the same flags and output files, no model), so the bookkeeping is tested in seconds:
-one record per finished run, finished runs skipped, a killed run leaves no record and no processes, the engine
-gate keeps two jobs' engine starts apart, --detach leaves jobs running for the next call, --merge dedupes.
-The last test runs the real seed_rl.py and evaluate.py with the tiny model (slow)."""
+"""benchmarks/learning.py (the plain runner) and benchmarks/remote/learning_remote.py (its remote driver and
+runners) with stand-ins for seed_rl.py and evaluate.py (tests/data/fake_*.py: the same flags and output files, no
+model), so the bookkeeping is tested in seconds: one record per finished run, finished runs skipped, a killed run
+leaves no record and no processes, the engine gate keeps two jobs' engine starts apart, --detach leaves jobs
+running for the next call, --merge dedupes. The last test runs the real seed_rl.py and evaluate.py with the tiny
+model (slow)."""
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ import pytest
 from conftest import REPO, run_script
 
 DATA = os.path.join(REPO, "tests", "data")
+PLAIN, REMOTE = "benchmarks/learning.py", "benchmarks/remote/learning_remote.py"
 
 
 def read(path):
@@ -30,8 +32,8 @@ def fake(tmp_path):
     (start / "model.safetensors").write_text("weights")
     res, scratch = tmp_path / "results", tmp_path / "scratch"
 
-    def drive(*extra, env=None, timeout=120, check=True):
-        args = ["benchmarks/learning.py", "--model", str(start), "--updates", "3", "--launcher", "python",
+    def drive(*extra, env=None, timeout=120, check=True, script=REMOTE):
+        args = [script, "--model", str(start), "--updates", "3", "--launcher", "python",
                 "--backend", "hf", "--seed-rl-script", os.path.join(DATA, "fake_seed_rl.py"),
                 "--evaluate-script", os.path.join(DATA, "fake_evaluate.py"), "--results-dir", str(res),
                 "--scratch", str(scratch), *extra]
@@ -41,7 +43,7 @@ def fake(tmp_path):
 
 
 def test_one_record_per_finished_run_and_finished_runs_are_skipped(fake):
-    out = fake("--methods", "seed,grpo", "--seeds", "0,1", "--lanes", "2").stdout
+    out = fake("--methods", "seed,grpo", "--seeds", "0,1", script=PLAIN).stdout
     runs = read(fake.res / "runs.jsonl")
     assert sorted(r["run_id"].split("-s")[0] + str(r["seed"]) for r in runs) == ["grpo0", "grpo1", "seed0", "seed1"]
     assert len({r["group"] for r in runs}) == 1 and len(read(fake.res / "evals.jsonl")) == 1
@@ -53,17 +55,28 @@ def test_one_record_per_finished_run_and_finished_runs_are_skipped(fake):
         assert ("--opd-coef 0" in r["commands"]["train"]) == (r["method"] == "grpo")
         assert f"--seed {r['seed']} " in r["commands"]["train"] and r["commands"]["eval_start"]
         assert (r["updates"][0]["parse_rate"] is None) == (r["method"] == "grpo")
-        assert r["compute"]["lanes"] == 2 and r["compute"]["gpu_util_train"] == 0.2
+        assert r["compute"]["lanes"] == 1 and r["compute"]["gpu_util_train"] == 0.4
         assert not os.path.exists(os.path.join(fake.scratch, r["run_id"], "train", "hf"))  # end weights removed
-    assert "finished" in out and len(read(fake.res / "attempts.jsonl")) == 5
+    assert "4 run(s) in this call, 0 failed" in out and len(read(fake.res / "attempts.jsonl")) == 5
+    assert (fake.res / "report" / "report.md").exists()  # the report of every record on file
     # again, plus a new seed of one method: the four are skipped, only the new one runs
-    out = fake("--methods", "grpo,seed", "--seeds", "0,1,2", "--methods", "grpo").stdout
-    assert out.count("finished, on file (skipped)") == 2 and "started grpo-s2-" in out
+    out = fake("--methods", "grpo,seed", "--seeds", "0,1,2", "--methods", "grpo", script=PLAIN).stdout
+    assert out.count("finished, on file (skipped)") == 2 and "grpo-s2-" in out and "1 run(s) in this call" in out
     assert len(read(fake.res / "runs.jsonl")) == 5 and len(read(fake.res / "evals.jsonl")) == 1
     # a different setting is another group (and another start evaluation), never the same run id
-    fake("--methods", "grpo", "--seeds", "0", "--lr", "1e-6")
+    fake("--methods", "grpo", "--seeds", "0", "--lr", "1e-6", script=PLAIN)
     runs = read(fake.res / "runs.jsonl")
     assert len(runs) == 6 and len({r["group"] for r in runs}) == 2 and len(read(fake.res / "evals.jsonl")) == 1
+
+
+def test_plain_runner_a_failed_run_leaves_no_record_and_says_why(fake, tmp_path):
+    bad = tmp_path / "fail.py"
+    bad.write_text("import sys\nprint('torch.OutOfMemoryError: CUDA out of memory')\nsys.exit(3)\n")
+    p = fake("--methods", "grpo,seed", "--seeds", "0", "--seed-rl-script", str(bad), script=PLAIN, check=False)
+    assert p.returncode == 1 and "FAILED in train (rc 3, out_of_memory)" in p.stdout
+    assert "2 run(s) in this call, 2 failed" in p.stdout
+    assert read(fake.res / "runs.jsonl") == [] and len(read(fake.res / "evals.jsonl")) == 1  # the start's is kept
+    assert sorted(a["outcome"] for a in read(fake.res / "attempts.jsonl")) == ["failed", "failed", "ok"]
 
 
 def test_a_run_killed_at_the_deadline_leaves_no_record_and_no_process(fake):
@@ -78,8 +91,8 @@ def test_a_run_killed_at_the_deadline_leaves_no_record_and_no_process(fake):
         pid = json.load(f)["pid"]
     with open(os.path.join(job, "child.pid")) as f:
         child = int(f.read())
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    from learning import pid_alive  # gone, or a zombie that only waits for its reaper
+    sys.path.insert(0, os.path.join(REPO, "benchmarks", "remote"))
+    from learning_remote import pid_alive  # gone, or a zombie that only waits for its reaper
     assert not pid_alive(pid) and not pid_alive(child)  # the runner and seed_rl.py
     # the rerun starts training afresh: exactly updates 1..3 (the killed attempt's rows are not kept)
     out = fake("--methods", "grpo", "--seeds", "1").stdout
@@ -96,6 +109,7 @@ def test_the_engine_gate_keeps_engine_starts_apart(fake):
          env={"FAKE_VLLM": "1.5", "FAKE_SLEEP": "1.5"}, timeout=180)
     runs = read(fake.res / "runs.jsonl")
     assert len(runs) == 2 and all(r["compute"]["frozen_s"] > 0.5 for r in runs)
+    assert all(r["compute"]["lanes"] == 2 and r["compute"]["gpu_util_train"] == 0.2 for r in runs)
     beats = {}
     for r in runs:
         with open(os.path.join(fake.scratch, r["run_id"], "train", "beats")) as f:
@@ -122,7 +136,7 @@ def test_merge_appends_only_new_records(fake, tmp_path):
     fake("--methods", "grpo", "--seeds", "0,1")
     home = tmp_path / "home"
     for _ in range(2):
-        run_script(["benchmarks/learning.py", "--merge", str(fake.res), "--results-dir", str(home)])
+        run_script([REMOTE, "--merge", str(fake.res), "--results-dir", str(home)])
     assert len(read(home / "runs.jsonl")) == 2 and len(read(home / "evals.jsonl")) == 1
 
 
@@ -148,7 +162,7 @@ def test_salvage_records_what_a_lost_machine_brought_back(fake, tmp_path):
             tar.add(d, arcname=f"learning/{d.name}")
     home = tmp_path / "home"
     for _ in range(2):
-        run_script(["benchmarks/learning.py", "--salvage", str(tarball), "--results-dir", str(home)])
+        run_script([REMOTE, "--salvage", str(tarball), "--results-dir", str(home)])
     runs, attempts = read(home / "runs.jsonl"), read(home / "attempts.jsonl")
     assert [r["seed"] for r in runs] == [0] and len(read(home / "evals.jsonl")) == 1
     r = runs[0]
@@ -161,7 +175,7 @@ def test_salvage_records_what_a_lost_machine_brought_back(fake, tmp_path):
     # bad input: one line, no traceback
     (tmp_path / "bad.tar.gz").write_text("not a tarball")
     for path, said in ((tmp_path / "bad.tar.gz", "not a readable tarball"), (tmp_path / "nowhere", "no such file")):
-        p = run_script(["benchmarks/learning.py", "--salvage", str(path), "--results-dir", str(home)], check=False)
+        p = run_script([REMOTE, "--salvage", str(path), "--results-dir", str(home)], check=False)
         assert p.returncode == 1 and said in p.stderr and "Traceback" not in p.stderr
 
 
@@ -177,7 +191,7 @@ def test_math_flags_keep_only_what_changes_the_result():
 def test_real_scripts_tiny_model(tmp_path):
     """The real seed_rl.py and evaluate.py, tiny model, real ALFWorld games: 1 seed x 2 methods x 1 update."""
     res = tmp_path / "results"
-    run_script(["benchmarks/learning.py", "--model", "tiny", "--updates", "1", "--seeds", "0", "--tasks-per-update",
+    run_script([PLAIN, "--model", "tiny", "--updates", "1", "--seeds", "0", "--tasks-per-update",
                 "2", "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "8", "--eval-limit", "1",
                 "--workers", "1", "--seed-rl-args", "--analyzer-model scripted", "--results-dir", str(res),
                 "--scratch", str(tmp_path / "scratch")], timeout=900)

@@ -1,4 +1,4 @@
-"""benchmarks/learning_report.py: the statistics against hand-computed values (the t quantile, the t-interval,
+"""benchmarks/learning_report.py: the statistics against hand-computed values (the t-interval and its quantile,
 paired differences, the statement rule), then the whole report on a small runs.jsonl written here. Fast."""
 import importlib.util
 import json
@@ -17,16 +17,11 @@ T975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 9: 2.2622, 30: 2
 
 
 @pytest.mark.parametrize("df,want", sorted(T975.items()))
-def test_t_quantile_matches_the_printed_table(df, want):
-    assert lr.t_quantile(0.975, df) == pytest.approx(want, abs=1e-4)
-
-
-def test_t_cdf_known_values():
-    assert lr.t_cdf(0.0, 3) == pytest.approx(0.5)
-    assert lr.t_cdf(1.0, 1) == pytest.approx(0.75)  # Cauchy: 1/2 + atan(1)/pi
-    assert lr.t_cdf(-1.0, 1) == pytest.approx(0.25)
-    assert lr.t_cdf(2.0, 2) == pytest.approx(0.5 + 2.0 / (2 * math.sqrt(6.0)))  # df 2: 1/2 + t / (2 sqrt(2 + t^2))
-    assert lr.t_quantile(0.995, 1000) == pytest.approx(2.5808, abs=1e-3)  # close to the normal's 2.5758
+def test_mean_ci_half_width_is_the_printed_t_quantile(df, want):
+    # n = df + 1 values 0..df: the half-width over sd / sqrt(n) is t(0.975, n - 1) of the printed table
+    ci = lr.mean_ci(list(range(df + 1)))
+    assert (ci["hi"] - ci["mean"]) / (ci["sd"] / math.sqrt(df + 1)) == pytest.approx(want, abs=1e-4)
+    assert ci["mean"] - ci["lo"] == pytest.approx(ci["hi"] - ci["mean"])
 
 
 def test_mean_ci_by_hand():
@@ -170,7 +165,7 @@ def test_exclude_leaves_a_run_out(report):
 
 
 def test_a_run_without_its_end_evaluation_counts_in_the_curves_only(tmp_path):
-    """learning.py --salvage: a run whose end evaluation never came. Its training rows pool as usual; the held-out
+    """learning_remote.py --salvage: a run whose end evaluation never came. Its training rows pool as usual; the held-out
     end rows count the other runs only, and the report names it."""
     runs = [record(m, s) for m, s in INVALID]
     lost = [r for r in runs if r["method"] == "seed" and r["seed"] == 2][0]

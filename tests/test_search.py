@@ -46,10 +46,11 @@ def write_jsonl(path, rows):
     return str(path)
 
 
-def start_server(corpus, workdir, *extra):
-    """`python -m envs.retriever` on a free port; returns (process, url) once it prints its URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "envs.retriever", "--corpus", str(corpus), "--port", "0",
-                             "--cache-dir", str(workdir / "cache"), "--log-file", str(workdir / "server.log"),
+def start_server(corpus, workdir, *extra, cmd=None):
+    """`python -m envs.retriever` on a free port (or cmd, a retriever command line of its own, e.g. h200.sh's
+    with --port 0); returns (process, url) once it prints its URL."""
+    cmd = cmd or [sys.executable, "-m", "envs.retriever", "--corpus", str(corpus), "--port", "0"]
+    proc = subprocess.Popen([*cmd, "--cache-dir", str(workdir / "cache"), "--log-file", str(workdir / "server.log"),
                              *extra], cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline, seen = time.monotonic() + 120, ""

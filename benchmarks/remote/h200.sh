@@ -1,33 +1,34 @@
 #!/usr/bin/env bash
 # The GPU runs behind the README's "Performance" and "The chain on a real model" sections, on one H200 with
 # the device bundles installed (vLLM 0.24.0, alfworld 0.4.2, Qwen2.5-Coder-0.5B-Instruct, the assets).
+# benchmarks/remote/README.md says why the runs are split into such calls; your own GPU box needs none of it.
 # Parts, each under 10 minutes, run back to back (B and C read S1's checkpoint from $RUN):
 #
-#   bash benchmarks/h200.sh A    # trainer-step benchmark (Qwen2.5-1.5B shape, random weights, ablations),
+#   bash benchmarks/remote/h200.sh A    # trainer-step benchmark (Qwen2.5-1.5B shape, random weights, ablations),
 #                                # then R
-#   bash benchmarks/h200.sh R    # rollout benchmark (vLLM direct vs the project's backend), with vLLM's V2
+#   bash benchmarks/remote/h200.sh R    # rollout benchmark (vLLM direct vs the project's backend), with vLLM's V2
 #                                # model runner (the project's choice) and with V1; HF generate in the first;
 #                                # then both runners at seed_rl.py's batch per engine (16 x 512 new tokens)
-#   bash benchmarks/h200.sh S1   # Stage 1 on the real 0.5B model: collect -> annotate (the model analyzes its
+#   bash benchmarks/remote/h200.sh S1   # Stage 1 on the real 0.5B model: collect -> annotate (the model analyzes its
 #                                # own episodes) -> short SFT; then engine-vs-trainer log-prob agreement
-#   SFT_DATA=results/2026-12-03-stage1-chain-0.5b/stage1/skills.sft.jsonl bash benchmarks/h200.sh SFT
+#   SFT_DATA=results/2026-12-03-stage1-chain-0.5b/stage1/skills.sft.jsonl bash benchmarks/remote/h200.sh SFT
 #                                # only S1's SFT, from an earlier run's annotated data (kept in the repo)
-#   bash benchmarks/h200.sh P    # trainer step on step-sample lengths (issue 20): plain HF padded vs the
+#   bash benchmarks/remote/h200.sh P    # trainer step on step-sample lengths (issue 20): plain HF padded vs the
 #                                # project's step padded and packed; the lengths B recorded ($RUN/seed/
 #                                # lengths.jsonl, or $LENGTHS) if present, else synthetic ALFWorld-shaped ones;
 #                                # PROFILE=1 adds kernel tables (one more pass per path); PATHS=a,b picks
 #                                # trainer_lengths.py --paths; LIMIT=seconds (default 290)
-#   bash benchmarks/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
-#   bash benchmarks/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
-#   bash benchmarks/h200.sh AS   # issue 19: the rollout in lockstep vs per episode (2 x 8 and 16 x 8 episodes,
+#   bash benchmarks/remote/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
+#   bash benchmarks/remote/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
+#   bash benchmarks/remote/h200.sh AS   # issue 19: the rollout in lockstep vs per episode (2 x 8 and 16 x 8 episodes,
 #                                # 30 steps), then seed_rl.py's update with the self-analysis overlapped (SEED,
 #                                # GRPO, SEED --lockstep; 2 updates each) within BUDGET s (default 480);
 #                                # $OUT/rollout_async.json (benchmarks/rollout_async.py); PARTS=a,update picks
 #                                # its --parts (default a,update,update_lockstep,b)
-#   bash benchmarks/h200.sh Q    # Search (issue 16): the project's BM25 retriever over the shared corpus
+#   bash benchmarks/remote/h200.sh Q    # Search (issue 16): the project's BM25 retriever over the shared corpus
 #                                # ($SEARCH_DATA), the 0.5B model's EM on the 100 validation questions before
 #                                # and after a few SEED updates on the train questions; retriever share of time
-#   bash benchmarks/h200.sh L    # the learning benchmark (issue 21, benchmarks/learning.py): SEED and GRPO
+#   bash benchmarks/remote/h200.sh L    # the learning benchmark (issue 21, learning_remote.py): SEED and GRPO
 #                                # from the same start, matched seeds, 10 updates of 2 x 8 episodes, 15 steps,
 #                                # lr 1e-5, each end policy evaluated on held-out games (plain prompt); one
 #                                # record per finished run in results/learning/, copied to $OUT/learning/
@@ -37,7 +38,7 @@
 #   SEEDS="0 1 2" METHODS=seed,grpo   the queue (seed-major: SEED and GRPO of a seed together); finished
 #                                     runs (on file in results/learning/ or done in $RUN/learning) are skipped
 #   LANES=2         jobs at a time on the GPU (two seed_rl.py side by side, vLLM at 0.2 of the GPU each,
-#                   engine starts kept apart by the gate in learning.py); LANES=1: one at a time (vLLM 0.4)
+#                   engine starts kept apart by the gate in learning_remote.py); LANES=1: one at a time (vLLM 0.4)
 #   DETACH=1        (default) at the deadline the jobs keep running (own process sessions) and the next call
 #                   of L collects them: call L back to back (the machine keeps /tmp ~30 s after a call).
 #                   DETACH=0: only jobs that the estimates say end before the deadline are started, and what
@@ -48,7 +49,7 @@
 #                   runs the plumbing check (seed_rl.py --probe-action look, base model) beside that SFT
 #   UPDATES TASKS STEPS LR: unset, learning.py's preset for the env (ALFWorld: 10 updates of 2 x 8, 15 steps,
 #                   lr 1e-5; Search: 10 of 8 x 8, 4 turns); EVAL_LIMIT (12 games per split; Search: 100, the whole val
-#                   split); PACKING=off|auto|... (seed_rl.py --packing); LEARN_ARGS: more learning.py flags
+#                   split); PACKING=off|auto|... (seed_rl.py --packing); LEARN_ARGS: more learning_remote.py flags
 #                   (e.g. --dry-run)
 #   ENV=search      Search on the hotpot questions ($SEARCH_DATA): the retriever starts in its own process
 #                   session on 127.0.0.1:8000 (kept for the next call), the held-out questions are the val split
@@ -60,13 +61,14 @@
 # (LANES=3: 123.0 of 140 GiB). End evaluations 94-147 s each. So a SEED run is ~14 minutes side by side: a wave
 # of runs spans two calls, and the last call must leave ~4 minutes after training for the end evaluations. The
 # queue runs in the order of SEEDS, then METHODS: put the runs you need most first. Five runs at LANES=3 took
-# three calls (seventh session: 428 + 531 + 367 s of the driver). If the
-# machine goes away first, `python benchmarks/learning.py --salvage <files_at>/L.tar.gz` records what came back
-# (a run whose training finished, without its end evaluation). Put SEED_CODE_COMMIT=<the commit you send> in the
+# three calls (seventh session: 428 + 531 + 367 s of the driver). If the machine goes away first,
+# `python benchmarks/remote/learning_remote.py --salvage <files_at>/L.tar.gz` records what came back (a run
+# whose training finished, without its end evaluation). Put SEED_CODE_COMMIT=<the commit you send> in the
 # command: the device copy's .git can be stale, and the records keep what you name beside what git says.
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
-# to $OUT (the device tool brings that folder back) as one tarball per part.
+# to $OUT (the device tool brings that folder back) as one tarball per part. Parts L and Q have their jobs'
+# commands built by benchmarks/remote/commands.py, which tests/test_h200_paths.py runs on CPU (tiny model).
 set -u
 RUN=${RUN:-/tmp/seed-run}
 OUT=${OUT:-$RUN/out}
@@ -75,6 +77,7 @@ mkdir -p "$RUN/logs" "$OUT"
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 PY=${PY:-python3}
 TORCHRUN="$PY -m torch.distributed.run --standalone --nproc_per_node 1"
+CMDS=benchmarks/remote/commands.py  # parts L and Q build their jobs' commands there (tests/test_h200_paths.py runs them)
 
 step() {  # step NAME TIMEOUT_S CMD...: run, log, time, never abort the part
   local name=$1 limit=$2; shift 2
@@ -94,7 +97,7 @@ sft() {  # sft TIMEOUT_S DATA: the short SFT of the 0.5B model (S1, SFT); its me
 retriever() {  # retriever [setsid]: the BM25 server on 127.0.0.1:8000 over $SEARCH_DATA unless one answers
   RETR=""       # its pid when started here; setsid: in its own session, so it outlives this call
   curl -sf http://127.0.0.1:8000/health > /dev/null && return
-  ${1:-} $PY -m envs.retriever --corpus "${SEARCH_DATA:-${SHARED:-../shared}/search}/corpus.jsonl.xz" --port 8000 \
+  ${1:-} $PY $CMDS retriever --corpus "${SEARCH_DATA:-${SHARED:-../shared}/search}/corpus.jsonl.xz" --port 8000 \
       --log-file "$RUN/logs/retriever.log" > "$RUN/logs/retriever.out" 2>&1 < /dev/null &
   RETR=$!
   for i in $(seq 90); do curl -sf http://127.0.0.1:8000/health > /dev/null && break; sleep 1; done
@@ -162,13 +165,11 @@ AS)  # lockstep vs per-episode rollout, and the update with the analysis overlap
 Q)  # Search: retriever server, EM before, SEED updates, EM after (validation questions, plain prompt)
   mkdir -p "$RUN/search"
   retriever
-  EV="--env search --splits val --backend vllm --gpu-memory-utilization 0.5 --workers 16 --retriever-url http://127.0.0.1:8000/retrieve"
-  step search_eval0 150 $PY evaluate.py $EV --model "$M" --out "$RUN/search/eval0"
-  step search_seed 330 $TORCHRUN seed_rl.py --env search --model "$M" --tasks-per-update ${TASKS:-16} \
-      --group-size 8 --updates ${UPDATES:-4} --lr ${LR:-1e-5} --workers 16 --save-every 100 --dump-examples 8 \
-      --retriever-url http://127.0.0.1:8000/retrieve --out "$RUN/search/seed"
+  step search_eval0 150 $PY $CMDS search-eval --model "$M" --out "$RUN/search/eval0"
+  step search_seed 330 $PY $CMDS search-train --model "$M" --tasks ${TASKS:-16} --updates ${UPDATES:-4} \
+      --lr ${LR:-1e-5} --out "$RUN/search/seed"
   F=$RUN/search/seed/hf/final; [ -f "$F/config.json" ] || F=$M
-  step search_eval1 150 $PY evaluate.py $EV --model "$F" --out "$RUN/search/eval1"
+  step search_eval1 150 $PY $CMDS search-eval --model "$F" --out "$RUN/search/eval1"
   [ -n "$RETR" ] && kill $RETR 2>/dev/null
   for d in eval0 eval1; do rm -f "$RUN/search/$d/trajectories.jsonl.gz"; gzip -f "$RUN/search/$d/trajectories.jsonl" 2>/dev/null; done
   tar -czf "$OUT/Q.tar.gz" -C "$RUN" search/eval0 search/eval1 search/seed/metrics.jsonl search/seed/examples.jsonl \
@@ -187,37 +188,29 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
     for f in ${BC_DATA:-} ${BC_SKILLS:-}; do case $f in *.xz) xz -dkf "$f" ;; esac; done
     if [ "${PROBE:-0}" = 1 ]; then
       mkdir -p "$RUN/probe"
-      $TORCHRUN seed_rl.py --env alfworld --model "$M" --opd-coef 0 --probe-action look \
-          --max-steps 1 --updates ${PROBE_UPDATES:-10} --tasks-per-update 8 --group-size 8 --lr 1e-5 --workers 4 \
-          --gpu-memory-utilization 0.15 --save-every 0 --dump-examples 0 --out "$RUN/probe" \
-          > "$RUN/logs/probe.log" 2>&1 &
+      $PY $CMDS probe --model "$M" --updates ${PROBE_UPDATES:-10} --out "$RUN/probe" > "$RUN/logs/probe.log" 2>&1 &
       PROBE_PID=$!
       # vLLM sizes its KV cache from the free memory it sees while it profiles, and fails if another process
-      # allocates meanwhile (learning.py's gate): the SFT starts once the probe's engine is up
+      # allocates meanwhile (learning_remote.py's gate): the SFT starts once the probe's engine is up
       for i in $(seq 150); do grep -q "init engine (" "$RUN/logs/probe.log" 2>/dev/null && break; sleep 1; done
     fi
-    step bc_sft 420 $TORCHRUN sft.py --env alfworld --model "$M" --bc-data "${BC_DATA%.xz}" \
-        ${BC_SKILLS:+--data "${BC_SKILLS%.xz}"} --out "$RUN/bc" --epochs ${BC_EPOCHS:-2} --lr ${BC_LR:-1e-5} \
-        --batch-size 32 --micro-batch 8 --save-every 10000 --save-dtype bfloat16
+    step bc_sft 420 $PY $CMDS bc-sft --model "$M" --bc-data "${BC_DATA%.xz}" ${BC_SKILLS:+--skills "${BC_SKILLS%.xz}"} \
+        --out "$RUN/bc" --epochs ${BC_EPOCHS:-2} --lr ${BC_LR:-1e-5}
     [ -n "${PROBE_PID:-}" ] && wait "$PROBE_PID"
     # one tarball (the device returns at most 8 files): the SFT's and the probe's metrics, manifests, logs
     (cd "$RUN" && tar -czf "$OUT/BC.tar.gz" $(ls bc/metrics.jsonl bc/seed_manifest.json probe/metrics.jsonl \
         probe/seed_manifest.json logs/probe.log logs/bc_sft.log 2>/dev/null))
   fi
   [ "${START:-base}" = bc ] && START_MODEL=$RUN/bc
-  ENV_ARGS=()
-  if [ "${ENV:-alfworld}" = search ]; then  # the retriever outlives this call: the detached jobs need it next call
-    retriever setsid
-    ENV_ARGS=("--env-args=--retriever-url http://127.0.0.1:8000/retrieve")  # the POST endpoint (was the bare host: HTTP 404)
-  fi
+  # the retriever outlives this call: the detached jobs need it next call
+  [ "${ENV:-alfworld}" = search ] && retriever setsid
   LEFT=$(( ${BUDGET:-480} - SECONDS ))  # what this call has left for the driver
   # settings left unset come from learning.py's per-env preset (ALFWorld: 10 updates of 2 x 8, 15 steps, lr 1e-5)
-  step learning $((LEFT + 60)) $PY benchmarks/learning.py --model "$START_MODEL" --env "${ENV:-alfworld}" \
+  step learning $((LEFT + 60)) $PY $CMDS learning --model "$START_MODEL" --env "${ENV:-alfworld}" \
       --methods "${METHODS:-seed,grpo}" --seeds "${SEEDS:-0 1 2}" --lanes "${LANES:-2}" ${UPDATES:+--updates "$UPDATES"} \
-      ${TASKS:+--tasks-per-update "$TASKS"} ${STEPS:+--max-steps "$STEPS"} ${LR:+--lr "$LR"} \
-      --eval-limit "${EVAL_LIMIT:-$([ "${ENV:-alfworld}" = search ] && echo 100 || echo 12)}" --deadline-s "$LEFT" \
-      --scratch "$RUN/learning" --python "$PY" ${PACKING:+--seed-rl-args="--packing $PACKING"} \
-      ${ENV_ARGS[@]+"${ENV_ARGS[@]}"} $([ "${DETACH:-1}" = 1 ] && echo --detach) ${LEARN_ARGS:-}
+      ${TASKS:+--tasks "$TASKS"} ${STEPS:+--steps "$STEPS"} ${LR:+--lr "$LR"} ${EVAL_LIMIT:+--eval-limit "$EVAL_LIMIT"} \
+      --deadline-s "$LEFT" --scratch "$RUN/learning" ${PACKING:+--packing "$PACKING"} \
+      $([ "${DETACH:-1}" = 1 ] && echo --detach) -- ${LEARN_ARGS:-}
   mkdir -p "$OUT/learning" && cp results/learning/*.jsonl "$OUT/learning/"
   # logs, status and metrics of every job (no weights, no trajectories)
   (cd "$RUN" && find learning -maxdepth 3 -not -path 'learning/start-*' \( -name '*.log' -o -name '*.json' \
