@@ -10,23 +10,13 @@ import collections
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.models import load_model
 from common.training import checkpoint_kwargs, shard_model
+from test_packing import group  # noqa: F401  (a process group of one)
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def group():
-    if dist.is_initialized():
-        yield
-        return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 class OpCount(TorchDispatchMode):
