@@ -359,3 +359,14 @@ def test_drivers_give_the_grpo_arm_no_analysis_flags():
         _seed_rl()["parse_args"]()  # the GRPO command passes seed_rl.py's validation
     finally:
         sys.argv = argv
+
+
+def test_annotate_env_must_be_the_trajectories_env(tmp_path, monkeypatch):
+    """annotate.py --env: the analysis prompt is each trajectory's own env's; given, every trajectory must be of it."""
+    traj = tmp_path / "traj.jsonl"
+    traj.write_text('{"uid": "u1", "env": "webshop", "steps": []}\n')
+    argv = ["annotate.py", "--trajectories", str(traj), "--out", str(tmp_path / "a.jsonl"), "--model", "tiny",
+            "--analyzer", "scripted", "--env", "alfworld"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match=f"^{traj}: trajectory u1 is of env 'webshop', not --env alfworld$"):
+        runpy.run_path(os.path.join(REPO, "annotate.py"), run_name="__main__")
