@@ -46,7 +46,6 @@ does a run that ends with transport failures (rerun the same command to retry th
 import argparse
 import errno
 import hashlib
-import http.client
 import json
 import os
 import random
@@ -56,11 +55,11 @@ import statistics
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
+import requests
+from requests.adapters import HTTPAdapter
 from tqdm import tqdm
 
 from envs import ENVS, HelpFormatter, load_env, refuse_unused, require_positive
@@ -315,7 +314,7 @@ skipped = [ep for ep in todo if skip_reason(ep)]
 todo = [ep for ep in todo if not skip_reason(ep)]
 
 # ---------------------------------------------------------------------------------------------------
-# Analyzer A: an OpenAI-compatible chat endpoint (standard library HTTP, one thread per request in flight)
+# Analyzer A: an OpenAI-compatible chat endpoint (one pooled requests.Session, one thread per request in flight)
 api_key = os.environ.get(args.api_key_env) if args.analyzer == "openai" else None
 if args.analyzer == "openai" and not api_key:
     print(f"annotate: ${args.api_key_env} is not set; sending requests without an Authorization header")
@@ -335,37 +334,66 @@ def scrub(text):
     return text.replace(api_key, "<api key>") if api_key and isinstance(text, str) else text
 
 
+def bearer(request):
+    """requests' auth hook: the key goes into the Authorization header of each request and nowhere else (set as
+    the session's auth, it also keeps a ~/.netrc entry for the host from replacing it)."""
+    request.headers["Authorization"] = f"Bearer {api_key}"
+    return request
+
+
+# One session for all threads: keep-alive connections, a pool as large as --concurrency (urllib3's pool is
+# thread-safe). max_retries=0: the retries are ours (ask_endpoint), because every request is an attempt in the
+# record (status, error, latency, wait) and a refusal must stop the other threads; urllib3's Retry would re-send
+# out of sight.
+session = requests.Session()
+adapter = HTTPAdapter(pool_connections=1, pool_maxsize=args.concurrency, max_retries=0)
+session.mount("http://", adapter)
+session.mount("https://", adapter)
+if api_key:
+    session.auth = bearer
+
+
+def causes(e):
+    """e and the exceptions it wraps, outermost first: requests' ConnectionError holds urllib3's MaxRetryError,
+    whose .reason is e.g. NewConnectionError, whose __cause__ is the socket error that says why."""
+    chain = []
+    while isinstance(e, BaseException) and e not in chain:
+        chain.append(e)
+        reason = getattr(e, "reason", None)
+        e = reason if isinstance(reason, BaseException) else e.__cause__ or (e.args[0] if e.args else None)
+    return chain
+
+
 def post_chat(prompt):
     """One HTTP request. Returns an attempt: {raw answer | error kind + detail, http status, latency}."""
-    body = json.dumps({"model": args.model, "messages": [{"role": "user", "content": prompt}],
-                       "temperature": args.temperature, "max_tokens": args.max_new_tokens}).encode("utf-8")
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(args.base_url.rstrip("/") + "/chat/completions", data=body, headers=headers,
-                                 method="POST")
+    body = {"model": args.model, "messages": [{"role": "user", "content": prompt}],
+            "temperature": args.temperature, "max_tokens": args.max_new_tokens}
     att = {"http_status": None, "latency_s": None, "raw": None, "error": None, "parse_reason": None}
     t0 = time.perf_counter()
     try:
-        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
-            att["http_status"] = resp.status
-            payload = json.loads(resp.read())
-        choice = payload["choices"][0]
-        att.update(raw=choice["message"].get("content") or "", finish_reason=choice.get("finish_reason"),
-                   usage=payload.get("usage"))
-    except urllib.error.HTTPError as e:  # 4xx/5xx with a body
-        att.update(http_status=e.code, error=f"http_{e.code}", retry_after=e.headers.get("Retry-After"),
-                   detail=scrub(e.read(300).decode("utf-8", "replace")))
-    except (TimeoutError, urllib.error.URLError, http.client.HTTPException, OSError) as e:
-        why = getattr(e, "reason", e)
-        timeout = isinstance(e, TimeoutError) or isinstance(why, TimeoutError)
-        att.update(error="timeout" if timeout else "connection_error", detail=scrub(repr(e))[:300],
-                   why=scrub(str(why))[:200],
+        # timeout: seconds to connect, and seconds of silence while waiting for the answer (not the total)
+        resp = session.post(args.base_url.rstrip("/") + "/chat/completions", json=body, timeout=args.timeout)
+    except requests.RequestException as e:
+        chain = causes(e)
+        why = chain[-1]  # e.g. "[Errno 111] Connection refused", not the wrappers' one-paragraph repr
+        att.update(error="timeout" if isinstance(e, requests.Timeout) or any(isinstance(x, TimeoutError) for x in chain)
+                   else "connection_error", detail=scrub(repr(e))[:300], why=scrub(str(why))[:200],
                    # no connection at all: nothing listening, no route, or an unknown host
                    connect_failed=isinstance(why, (ConnectionRefusedError, socket.gaierror))
                    or getattr(why, "errno", None) in (errno.EHOSTUNREACH, errno.ENETUNREACH))
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:  # a 200 that is no chat completion
-        att.update(error="bad_response", detail=scrub(repr(e))[:300])
+    else:
+        att["http_status"] = resp.status_code
+        if resp.status_code >= 400:  # 4xx/5xx with a body
+            att.update(error=f"http_{resp.status_code}", retry_after=resp.headers.get("Retry-After"),
+                       detail=scrub(resp.content[:300].decode("utf-8", "replace")))
+        else:
+            try:
+                payload = json.loads(resp.content)
+                choice = payload["choices"][0]
+                att.update(raw=choice["message"].get("content") or "", finish_reason=choice.get("finish_reason"),
+                           usage=payload.get("usage"))
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:  # a 200 that is no chat completion
+                att.update(error="bad_response", detail=scrub(repr(e))[:300])
     att["latency_s"] = round(time.perf_counter() - t0, 3)
     att["raw"] = scrub(att["raw"])
     if att["http_status"] is not None:

@@ -18,17 +18,16 @@ Output: one JSON line per episode, written the moment that episode ends (the rec
 append-only; a killed or interrupted run restarts where it stopped: episodes already written are skipped by
 id, a torn last line is cut; Ctrl-C says how many are saved), and `<out>.manifest.json` beside it.
 """
-import argparse
 import os
 import sys
 import time
 
 
-from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive, require_split
+from envs import env_from_argv, env_parser, require_positive, require_split
 from common.backends import make_policy
 from common.models import load_tokenizer
 from common.records import check_resume, read_jsonl, resumed_manifest, run_manifest, write_manifest
-from common.rollout import add_rollout_args, format_summary, play_into_jsonl, summarize_episodes
+from common.rollout import add_play_args, add_rollout_args, format_summary, play_into_jsonl, summarize_episodes
 
 env = env_from_argv()  # --env first: every default below is that env's paper preset
 P = env.PRESET
@@ -37,9 +36,7 @@ PAPER = dict(env=env.NAME, split=P["collect_split"], tasks=P["collect_tasks"], r
              max_steps=P["max_steps"], history=P["history"], temperature=0.4, max_new_tokens=P["max_new_tokens"],
              max_prompt_tokens=P["max_prompt_tokens"], invalid_penalty=P["invalid_penalty"], invalid_rule="public")
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-g = p.add_argument_group("env")
-add_env_arg(g, env)
+p, g = env_parser(__doc__, env)
 g.add_argument("--split", default=PAPER["split"], help=f"split the tasks come from ({env.NAME}: "
                f"{', '.join(env.SPLITS)})")
 g.add_argument("--tasks", type=int, default=PAPER["tasks"], help="tasks to play (ALFWorld: an equal share of "
@@ -50,10 +47,7 @@ g.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help=
 env.add_args(g)
 g = p.add_argument_group("policy and generation")
 g.add_argument("--model", required=True, help="HF path or hub id | tiny (random, real tokenizer) | expert (scripted)")
-g.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation engine")
-g.add_argument("--batch-episodes", type=int, default=64, help="episodes in play at once (a new one starts as one "
-               "ends; the engine batches whatever requests are in flight)")
-g.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of the GPU")
+add_play_args(g, batch_episodes=64)
 g = p.add_argument_group("run")
 g.add_argument("--seed", type=int, default=0, help="task choice and sampling")
 g.add_argument("--shard", default="0/1", help="i/n: play every n-th episode starting at i")

@@ -25,14 +25,13 @@ the list of conditions that differ), trajectories.jsonl (every episode, written 
 schema of common/rollout.py; append-only: a killed or interrupted run restarts where it stopped) and
 manifest.json (common/records.py).
 """
-import argparse
 import json
 import os
 import sys
 import time
 
-from envs import HelpFormatter, add_env_arg, env_from_argv, require_positive, require_split
-from common.rollout import add_rollout_args
+from envs import env_from_argv, env_parser, require_positive, require_split
+from common.rollout import add_play_args, add_rollout_args
 from common.records import check_resume, games_summary, read_jsonl, resumed_manifest, run_manifest, write_manifest
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -49,9 +48,7 @@ PAPER = dict(env=env.NAME, splits=",".join(P["eval_splits"]), limit=P["eval_limi
              max_prompt_tokens=P["max_prompt_tokens"], invalid_penalty=P["invalid_penalty"], invalid_rule="public")
 COLUMNS = env.GROUPS + ["Avg", "All"]  # Avg: mean over the columns (the paper's average); All: over episodes
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-g = p.add_argument_group("env")
-add_env_arg(g, env)
+p, g = env_parser(__doc__, env)
 g.add_argument("--splits", default=PAPER["splits"], help=f"comma-separated evaluation splits ({env.NAME}: "
                f"{', '.join(env.SPLITS)})")
 g.add_argument("--limit", type=int, default=PAPER["limit"], help="tasks per split, as the env defines the subset "
@@ -62,11 +59,7 @@ env.add_args(g)
 g = p.add_argument_group("rollout, policy and generation")
 add_rollout_args(g, PAPER)
 g.add_argument("--model", help="HF path or hub id | tiny | expert")
-g.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation engine")
-g.add_argument("--tp", type=int, default=1, help="vLLM tensor_parallel_size (GPUs per engine)")
-g.add_argument("--batch-episodes", type=int, default=128, help="episodes in play at once (a new one starts as "
-               "one ends; the engine batches whatever requests are in flight)")
-g.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of the GPU")
+add_play_args(g, batch_episodes=128, tp=True)
 g = p.add_argument_group("output and other modes")
 g.add_argument("--paper-backbone", default="auto", help="paper rows to compare with: auto (from the model's "
                "name or config) | Qwen2.5-3B-Instruct | Qwen2.5-7B-Instruct | Qwen3-1.7B")

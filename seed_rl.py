@@ -47,7 +47,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from envs import HelpFormatter, add_env_arg, env_from_argv, refuse_unused, require_positive
+from envs import env_from_argv, env_parser, refuse_unused, require_positive
 from common.backends import HFBackend, ScriptedAnalyzer, VLLMBackend
 from common.models import attn_implementation, load_model, load_tokenizer
 from envs.pool import EnvPool
@@ -313,9 +313,7 @@ def parse_args():
                  lr=P["lr"], warmup_ratio=P["warmup_ratio"], mini_batch=P["mini_batch"],
                  micro_batch=P["micro_batch"], clip_eps=0.2, grad_clip=1.0, kl_coef=P["kl_coef"], opd_coef=0.01,
                  opd_beta=5.0, adv_mode="episode", adv_norm=P["adv_norm"], analyzer_model=None)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    g = p.add_argument_group("env and rollout")
-    add_env_arg(g, env)
+    p, g = env_parser(__doc__, env, group="env and rollout")
     g.add_argument("--updates", type=int, default=paper["updates"], help="policy updates (each plays a fresh task batch)")
     g.add_argument("--tasks-per-update", type=int, default=paper["tasks_per_update"], help="tasks (GRPO groups) per update")
     g.add_argument("--group-size", type=int, default=paper["group_size"], help="episodes per task (a GRPO group)")
@@ -376,6 +374,12 @@ def parse_args():
                    help="recompute each decoder layer in backward: a micro-batch of 32 x ~2.5k tokens of a 0.5B "
                         "model holds ~80 GB of activations without it. Off with --micro-tokens 16384 bounds them: "
                         "the 1.5B step then ran 1.15x faster at a 71.5 GiB peak on one H200 (README, Performance)")
+    g.add_argument("--checkpoint-policy", default="full", choices=["full", "selective"],
+                   help="what a checkpointed layer recomputes in backward: full = the whole layer; selective = only "
+                        "the elementwise ops (norms, rotary, SiLU), keeping the matmul and attention outputs")
+    g.add_argument("--checkpoint-every", type=int, default=1,
+                   help="checkpoint every N-th decoder layer (1 = all; 2 = half: memory the step does not need "
+                        "buys back speed)")
     g = p.add_argument_group("logging and checkpoints")
     g.add_argument("--seed", type=int, default=0, help="task stream, sampling and mini-batch order")
     g.add_argument("--save-every", type=int, default=10, help="trainer checkpoint + HF checkpoint every N updates "
@@ -385,7 +389,10 @@ def parse_args():
     add_log_to_arg(g)
     args = p.parse_args()
     require_positive(args, "updates", "tasks_per_update", "group_size", "max_steps", "max_new_tokens", "mini_batch",
-                     "micro_batch", "workers")  # --save-every 0 is meaningful: no checkpoints (timing runs)
+                     "micro_batch", "workers", "checkpoint_every")  # --save-every 0: no checkpoints (timing runs)
+    if not args.activation_checkpointing and (args.checkpoint_policy != "full" or args.checkpoint_every != 1):
+        sys.exit("--checkpoint-policy/--checkpoint-every choose how layers are recomputed, and "
+                 "--no-activation-checkpointing recomputes none: drop one or the other")
     if args.group_size == 1 and not args.allow_group_of_one:
         sys.exit("--group-size 1: GRPO ranks the episodes of a task against each other, so with one episode every "
                  "advantage is 0 and the policy-gradient term trains nothing; use --group-size 2 or more (the paper: "
@@ -565,7 +572,8 @@ def setup(args, env, paper, rank, world, device):
         check_resumed_stream(old_manifest, stream, env, args)
     tracker = Tracker(args.log_to, args.out, vars(args), rank)  # after the checks: a refused run logs nothing
     policy = shard_model(load_model(args.model, device=device, seed=args.seed, attn=packed_attn), device,
-                         activation_checkpointing=args.activation_checkpointing)
+                         activation_checkpointing=args.activation_checkpointing,
+                         checkpoint_policy=args.checkpoint_policy, checkpoint_every=args.checkpoint_every)
     ref = None
     if args.kl_coef > 0:
         ref = shard_model(load_model(args.ref_model, device=device, seed=args.seed, attn=packed_attn,

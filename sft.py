@@ -27,6 +27,8 @@ validation split given by each record's `split` field. Not in the paper (verl's 
     python collect.py --env alfworld --model expert --split train --tasks 300 --rollouts 1 --out runs/bc/expert.jsonl
     python sft.py --model Qwen/Qwen2.5-3B-Instruct --bc-data runs/bc/expert.jsonl --data runs/stage1/skills.sft.jsonl \\
         --epochs 2 --lr 1e-5 --batch-size 32 --micro-batch 8 --out runs/bc/sft
+    # Search: the expert searches the question, then answers the gold; only wins whose passages held the gold count
+    python collect.py --env search --model expert --split train --tasks 400 --rollouts 1 --out runs/bc/search.jsonl
 
 Input: --data, one JSON line per example: {"id", "split": "train"|"val", "prompt": <user message>, "target":
 <JSON string>, ...ids tracing it back to its annotation and trajectory}; --bc-data, collect.py's episode JSONL
@@ -166,12 +168,18 @@ if resume is not None and resume["finished"]:
 def bc_examples(path):
     """Behaviour cloning: every step of every won episode of a collect.py file -> (the step's plain prompt,
     rebuilt from the record exactly as the rollout built it, with the same history entries; the response taken).
-    Episodes that lost, or whose env broke, teach nothing to copy and are skipped."""
-    out, episodes = [], read_jsonl(path)
+    Episodes that lost, or whose env broke, teach nothing to copy and are skipped. So are wins that the env's
+    own stats say were not supported by what the policy saw (Search: no retrieved passage held the gold answer):
+    the expert knows the gold, and cloning such an episode would teach answering from memory after a useless
+    search, the very habit that makes RL stop using the tool."""
+    out, episodes, unsupported = [], read_jsonl(path), 0
     if episodes and not all(isinstance(e, dict) and "steps" in e and "uid" in e for e in episodes):
         sys.exit(f"--bc-data {path}: not collect.py episodes (records need 'uid' and 'steps')")
     for ep in episodes:
         if not ep.get("success") or ep.get("env_failure"):
+            continue
+        if env.episode_stats(ep).get("gold_retrieved") == 0.0:
+            unsupported += 1
             continue
         h = hashlib.sha256(f"{args.seed}:{ep['uid']}".encode()).digest()
         split = "val" if int.from_bytes(h[:8], "big") / 2 ** 64 < args.val_fraction else "train"
@@ -179,8 +187,9 @@ def bc_examples(path):
             if st.get("response"):
                 out.append(dict(id=f"bc-{ep['uid']}-s{t + 1}", split=split, prompt=step_prompt(ep, t, st["history_used"]),
                                 target=st["response"], trajectory_uid=ep["uid"], trajectory_file=os.path.abspath(path)))
-    print0(f"--bc-data {path}: {len(out)} step examples from {sum(bool(e.get('success')) for e in episodes)} won "
-           f"of {len(episodes)} episodes")
+    won = sum(bool(e.get("success")) for e in episodes)
+    print0(f"--bc-data {path}: {len(out)} step examples from {won - unsupported} won of {len(episodes)} episodes"
+           + (f" ({unsupported} wins skipped: the gold was in no retrieved passage)" if unsupported else ""))
     return out
 
 

@@ -18,9 +18,7 @@ import json
 import lzma
 import os
 import re
-import select
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,10 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.retriever_common import load_average, pct, read_questions, start_server, write_results  # noqa: E402
 from envs.retriever import retrieve  # noqa: E402
 from envs.search import default_data_dir  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -44,8 +41,7 @@ p.add_argument("--topk", type=int, default=3, help="passages per query (the env'
 p.add_argument("--out", default=None, help="also write the table and the command to this markdown file")
 args = p.parse_args()
 
-with lzma.open(os.path.join(args.data, "hotpotqa500.jsonl.xz"), "rt") as f:
-    questions = [json.loads(line)["question"] for line in f]
+questions = read_questions(args.data)
 with lzma.open(os.path.join(args.data, "corpus.jsonl.xz"), "rt") as f:
     corpus = [json.loads(line) for line in f]
 
@@ -56,22 +52,6 @@ def write_corpus(path, times):
         for r in range(times):
             for d in corpus:
                 f.write(json.dumps({"id": d["id"] if r == 0 else f"{d['id']}-r{r}", "contents": d["contents"]}) + "\n")
-
-
-def start(corpus_path, workdir):
-    """Server on a free loopback port; returns (process, url, seconds until it serves)."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "envs.retriever", "--corpus", corpus_path, "--port", "0",
-                             "--cache-dir", os.path.join(workdir, "cache"),
-                             "--log-file", os.path.join(workdir, "server.log")],
-                            cwd=REPO, stdout=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    while proc.poll() is None and time.perf_counter() - t0 < 1800:
-        if select.select([proc.stdout], [], [], 1.0)[0]:
-            m = re.search(r"at (http://\S+/retrieve)", proc.stdout.readline())
-            if m:
-                return proc, m.group(1), time.perf_counter() - t0
-    proc.kill()
-    raise SystemExit(f"the retriever over {corpus_path} did not start")
 
 
 def rss_mb(pid):
@@ -92,11 +72,10 @@ def measure(url, clients):
         t0 = time.perf_counter()
         lat = sorted(pool.map(lambda i: one(url, i), range(args.requests)))
         wall = time.perf_counter() - t0
-    pct = lambda q: 1000 * lat[min(len(lat) - 1, int(q * len(lat)))]
-    return {"qps": len(lat) / wall, "p50": pct(0.50), "p99": pct(0.99)}
+    return {"qps": len(lat) / wall, "p50": 1000 * pct(lat, 0.50), "p99": 1000 * pct(lat, 0.99)}
 
 
-load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+load = load_average()
 print(f"machine: {os.cpu_count()} CPU cores, load average {load}; {args.requests} requests per cell", flush=True)
 rows = []
 tmp = tempfile.mkdtemp(prefix="retriever_bench_")
@@ -106,7 +85,9 @@ try:
         if times != 1:
             write_corpus(path, times)
         work = tempfile.mkdtemp(dir=tmp)
-        proc, url, ready_s = start(path, work)
+        t0 = time.perf_counter()
+        proc, url = start_server(path, work, wait_s=1800)  # the time to serve includes building the index
+        ready_s = time.perf_counter() - t0
         try:
             for c in [int(x) for x in args.clients.split(",")]:
                 r = measure(url, c)
@@ -128,10 +109,6 @@ table += [f"| {label(r['times'])} | {r['docs']:,} | {r['clients']} | "
           f"{r['qps']:.1f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['ready_s']:.1f} | {r['rss']:.0f} |" for r in rows]
 print("\n".join(table))
 if args.out:
-    with open(args.out, "w") as f:
-        f.write(f"# Retriever server benchmark\n\nCommand (from the repository root):\n\n"
-                f"    OMP_NUM_THREADS=1 python benchmarks/retriever_bench.py {' '.join(sys.argv[1:])}\n\n"
-                f"Machine: {os.cpu_count()} CPU cores (shared), load average at start {load}; {args.requests} "
-                f"timed requests per row after {args.warmup} warm-up ones, each one question (hotpotqa500) "
-                f"with topk {args.topk}, over loopback HTTP through `envs.retriever.retrieve`.\n\n"
-                + "\n".join(table) + "\n")
+    write_results(args.out, "Retriever server benchmark", "benchmarks/retriever_bench.py", load,
+                  f"; {args.requests} timed requests per row after {args.warmup} warm-up ones, each one question "
+                  f"(hotpotqa500) with topk {args.topk}, over loopback HTTP through `envs.retriever.retrieve`.", table)

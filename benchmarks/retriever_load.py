@@ -17,19 +17,16 @@ Exits 1 when a row had an error. Not a test (pytest does not collect it); the nu
 import argparse
 import http.client
 import json
-import lzma
 import os
-import re
-import select
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+from urllib.parse import urlsplit
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.retriever_common import load_average, pct, read_questions, start_server, write_results  # noqa: E402
 from envs.search import default_data_dir  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,25 +43,8 @@ for name in ("clients", "requests", "per_connection"):
     if getattr(args, name) < 1:
         p.error(f"--{name.replace('_', '-')} must be 1 or more")
 
-with lzma.open(os.path.join(args.data, "hotpotqa500.jsonl.xz"), "rt") as f:
-    questions = [json.loads(line)["question"] for line in f]
+questions = read_questions(args.data)
 CORPUS = os.path.join(args.data, "corpus.jsonl.xz")
-
-
-def start(backlog, workdir):
-    """The server on a free loopback port with this backlog; returns (process, port)."""
-    proc = subprocess.Popen([sys.executable, "-m", "envs.retriever", "--corpus", CORPUS, "--host", "127.0.0.1",
-                             "--port", "0", "--backlog", str(backlog), "--cache-dir", os.path.join(workdir, "cache"),
-                             "--log-file", os.path.join(workdir, "server.log")],
-                            cwd=REPO, stdout=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    t0 = time.monotonic()
-    while proc.poll() is None and time.monotonic() - t0 < 300:
-        if select.select([proc.stdout], [], [], 1.0)[0]:
-            m = re.search(r"at http://127\.0\.0\.1:(\d+)/retrieve", proc.stdout.readline())
-            if m:
-                return proc, int(m.group(1))
-    proc.kill()
-    raise SystemExit("the retriever did not start")
 
 
 def run_row(port):
@@ -127,18 +107,15 @@ def run_row(port):
     return sorted(latencies), errors, wall, len(latencies) + sum(errors.values())
 
 
-def pct(lat, q):
-    return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
-
-
-load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+load = load_average()
 print(f"machine: {os.cpu_count()} CPU cores, load average {load}; {args.clients} clients, {args.requests} requests "
       f"per row, a new connection every {args.per_connection} requests per client", flush=True)
 rows = []
 with tempfile.TemporaryDirectory(prefix="retriever_load_") as tmp:
     for backlog in [int(x) for x in args.backlogs.split(",")]:
         work = tempfile.mkdtemp(dir=tmp)
-        proc, port = start(backlog, work)
+        proc, url = start_server(CORPUS, work, "--backlog", str(backlog))
+        port = urlsplit(url).port
         try:
             lat, errors, wall, sent = run_row(port)
         finally:
@@ -159,11 +136,8 @@ table += [f"| {r['backlog']} | {args.clients} | {r['sent']:,}{' (cut)' if r['cut
           f"{r['max']:.0f} |" for r in rows]
 print("\n".join(table))
 if args.out:
-    with open(args.out, "w") as f:
-        f.write(f"# Retriever load test\n\nCommand (from the repository root):\n\n"
-                f"    OMP_NUM_THREADS=1 python benchmarks/retriever_load.py {' '.join(sys.argv[1:])}\n\n"
-                f"Machine: {os.cpu_count()} CPU cores (shared), load average at start {load}. {args.clients} client "
-                f"threads, one keep-alive connection each, renewed every {args.per_connection} requests; the two "
-                f"request shapes alternate; one hotpotqa500 question per request, topk 3; no retries.\n\n"
-                + "\n".join(table) + "\n")
+    write_results(args.out, "Retriever load test", "benchmarks/retriever_load.py", load,
+                  f". {args.clients} client threads, one keep-alive connection each, renewed every "
+                  f"{args.per_connection} requests; the two request shapes alternate; one hotpotqa500 question per "
+                  f"request, topk 3; no retries.", table)
 sys.exit(1 if any(r["errors"] for r in rows) else 0)

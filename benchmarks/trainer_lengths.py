@@ -28,7 +28,9 @@ optimizer step per mini-batch, activation checkpointing on as in seed_rl.py (--n
                        PyTorch's varlen flash kernel; flex_attention: transformers' document mask)
   packed:ATTN:tokens   micro-batches filled up to --micro-tokens tokens instead (seed_rl.py --micro-tokens);
                        :tokens=N a budget of N; :nockpt without activation checkpointing (a token budget bounds
-                       the activations: small micro-batches may fit without recomputing every layer)
+                       the activations: small micro-batches may fit without recomputing every layer); :sel
+                       selective checkpointing (seed_rl.py --checkpoint-policy selective: matmul and attention
+                       outputs kept, elementwise ops recomputed); :every=N every N-th layer (--checkpoint-every)
 Reported per path: seconds per optimizer step, real tokens/s (prompt + response tokens, padding not counted),
 pad fraction (pad slots / slots computed), MFU of the real tokens (6 x parameters x real tokens / s / peak: no
 attention FLOPs, no recomputation), peak memory. --profile writes kernel tables (where the time goes).
@@ -46,7 +48,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common.models import model_config  # noqa: E402
 from common.packing import make_batch, packed_attention  # noqa: E402
-from common.training import adamw_impl, init_distributed, shard_model  # noqa: E402
+from common.training import adamw_impl, checkpoint_kwargs, init_distributed, shard_model  # noqa: E402
 from seed_rl import micro_batch_logprobs, plan_micro_batches, seed_loss  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -267,7 +269,9 @@ for name in [x for x in paths if x != "hf_padded"]:
     kw = dict(micro_batch=args.micro_batch,
               max_tokens=int(opts["tokens"] or args.micro_tokens) if "tokens" in opts else 0)
     if args.activation_checkpointing and "nockpt" not in opts:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs=checkpoint_kwargs("selective" if "sel" in opts else "full"),
+            every_n_layers=int(opts.get("every") or 1))
     else:
         model.gradient_checkpointing_disable()
     model.set_attn_implementation(attn)

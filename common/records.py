@@ -322,6 +322,7 @@ RESUME_MAY_CHANGE = {
                    "micro_tokens": "the same, by a token budget", "packing": "padded or packed micro-batches "
                                                                              "(the same loss)",
                    "activation_checkpointing": "memory, not results",
+                   "checkpoint_policy": "memory, not results", "checkpoint_every": "memory, not results",
                    "lockstep": "the rollout schedule (same seeds, same episodes)"},
 }
 

@@ -385,6 +385,17 @@ def add_rollout_args(group, paper, temperature_help="sampling temperature"):
                        "inadmissible action is invalid too (the stricter ablation)")
 
 
+def add_play_args(group, batch_episodes, tp=False):
+    """The engine and batch flags of collect.py and evaluate.py (make_policy's backend, play_into_jsonl's
+    episodes in flight); --tp for evaluate.py's sharded engines."""
+    group.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation engine")
+    if tp:
+        group.add_argument("--tp", type=int, default=1, help="vLLM tensor_parallel_size (GPUs per engine)")
+    group.add_argument("--batch-episodes", type=int, default=batch_episodes, help="episodes in play at once (a new "
+                       "one starts as one ends; the engine batches whatever requests are in flight)")
+    group.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of the GPU")
+
+
 def rollout_kwargs(args):
     """play_episodes' keyword arguments from the flags of add_rollout_args."""
     return dict(max_steps=args.max_steps, history=args.history, max_prompt_tokens=args.max_prompt_tokens,

@@ -5,6 +5,7 @@ common/checkpoints.py.
 The algorithm lives in the scripts; this file only holds what both trainers would otherwise write twice.
 """
 import datetime
+import functools
 import os
 import socket
 import types
@@ -47,13 +48,44 @@ def print0(*a, **k):
 # ----------------------------------------------------------------------------------------------------
 # FSDP2
 
-def shard_model(model, device, *, train=True, activation_checkpointing=False):
+# The ops whose outputs selective checkpointing keeps: the matmuls and the attention kernels, i.e. the FLOPs.
+# Everything else in a decoder layer (RMSNorm, rotary, SiLU * up, residual adds, casts) is recomputed in backward:
+# cheap elementwise work that on an H200 costs a fraction of the layer's time but most of its saved tensors.
+_SAVED_OPS = {getattr(torch.ops.aten, name).default for name in (
+    "mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
+    "_efficient_attention_forward") if hasattr(torch.ops.aten, name)}
+
+
+def _keep_matmuls(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def checkpoint_kwargs(policy):
+    """torch.utils.checkpoint's arguments for a decoder layer. "full": keep only the layer's input, recompute the
+    whole layer in backward (~1/3 more compute). "selective": also keep the matmul and attention outputs
+    (torch's selective activation checkpointing), recompute only the elementwise ops between them."""
+    if policy == "full":
+        return {"use_reentrant": False}
+    if policy == "selective":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+        return {"use_reentrant": False, "context_fn": functools.partial(create_selective_checkpoint_contexts,
+                                                                        _keep_matmuls)}
+    raise ValueError(f"checkpoint policy {policy!r}: expected full or selective")
+
+
+def shard_model(model, device, *, train=True, activation_checkpointing=False, checkpoint_policy="full",
+                checkpoint_every=1):
     """fully_shard every decoder layer, then the root. Parameters stay fp32 (the master weights); on GPU
-    compute runs in bf16 (params all-gathered in bf16, gradients reduced in fp32). On CPU all is fp32."""
+    compute runs in bf16 (params all-gathered in bf16, gradients reduced in fp32). On CPU all is fp32.
+    activation_checkpointing: recompute decoder layers in backward, by `checkpoint_policy` (checkpoint_kwargs),
+    every `checkpoint_every`-th layer only (2 = half of them: memory the step does not need buys back speed)."""
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
         else MixedPrecisionPolicy()
     if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(checkpoint_policy),
+                                            every_n_layers=checkpoint_every)
     model.config.use_cache = False
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp)

@@ -8,7 +8,10 @@ envs.pool      a batched env interface over worker processes (dead/hung workers 
 The run plumbing every stage shares (rollout loop, backends, records, trainer) is the package common/.
 
 One module per benchmark, each exposing the same few names (no base class, no registry: the dict below).
-A reader compares two envs side by side; a new env is one more module with these names:
+A reader compares two envs side by side: each module's docstring opens with one step worked through (prompt,
+response, parsed action, feedback, reward), and its sections come in one order, under the same banners: data
+and flags, tasks, one game, the prompt, parsing and reward, the scripted expert and the episode stats. A new env
+is one more module with these names:
 
   NAME                 "alfworld" | ...
   PRESET               the paper's settings for this env (docs/paper.md, Per-env settings); every script's defaults
@@ -61,6 +64,15 @@ def add_env_arg(parser, env):
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """--help shows the docstring's commands as written and every flag's default."""
+
+
+def env_parser(description, env, group="env"):
+    """A script's parser (HelpFormatter) and its first argument group, which holds --env: collect.py's,
+    evaluate.py's and seed_rl.py's flags start the same way."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    g = parser.add_argument_group(group)
+    add_env_arg(g, env)
+    return parser, g
 
 
 def require_split(env, flag, split):

@@ -5,7 +5,7 @@ env worker, the agent prompt, the action parser, the step reward, the summary co
 
 One step, worked through (a pick-and-place game; the prompt is `build_prompt`'s, shortened):
 
-    prompt    ... Your task is to: put a clean apple in fridge. ... Your admissible actions of the current
+    prompt    ... Your task is to: put a clean apple in fridge. ... Your admissible actions in the current
               situation are: ['go to countertop 1', 'go to fridge 1', ..., 'look', 'inventory'] ...
     response  <think>The apple may be in the fridge.</think><action>go to fridge 1</action>
     parsed    ("go to fridge 1", valid=True, reason="")   (parse_action; action_to_execute runs it as is)
@@ -24,7 +24,7 @@ import random
 import re
 import sys
 
-from prompts.agent import action_to_execute, parse_action, skill_block  # noqa: F401  (interface names)
+from prompts.agent import action_to_execute, parse_action, recent_steps, skill_block  # noqa: F401  (interface names)
 
 NAME = "alfworld"
 # docs/paper.md, Per-env settings, ALFWorld column (+ Stage 1 and evaluation). Every script's defaults come from here.
@@ -54,12 +54,12 @@ TYPE_ORDER = GROUPS = list(TASK_TYPES.values())
 SPLITS = {"train": "train", "valid_seen": "eval_in_distribution", "valid_unseen": "eval_out_of_distribution"}
 
 
+# ----------------------------------------------------------------------------------------------------
+# Data and flags
+
 def add_args(parser):
     """ALFWorld needs no flags of its own: the games are found through $ALFWORLD_DATA (see data_dir)."""
 
-
-# ----------------------------------------------------------------------------------------------------
-# Games and task lists
 
 DATA_HOME = os.path.expanduser("~/.cache/alfworld")  # where `alfworld-download` writes (alfworld's own default)
 
@@ -128,6 +128,9 @@ def alfworld_config():
         "general": {"training_method": "dagger"},
     }
 
+
+# ----------------------------------------------------------------------------------------------------
+# Tasks
 
 def task_type_of(game_file):
     folder = os.path.basename(os.path.dirname(os.path.dirname(game_file)))  # <type>-<obj>-...-<scene>
@@ -211,11 +214,38 @@ def eval_tasks(split, seed, limit=None, args=None):
     return out[:limit]
 
 
-def walkthrough(game_file):
-    """The game's stored expert walkthrough (a list of commands that wins it)."""
-    with open(game_file) as f:
-        return list(json.load(f).get("walkthrough", []))
+def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
+    """The preset's data: the Stage 1 task set and the RL task stream, per type, with checks against the
+    paper's Table 3 (docs/paper.md, Per-env settings). Returns (printable lines, checks {name: ok}, manifest dict)."""
+    from common.records import games_summary
+    stage1, stream = stage1_tasks(seed, stage1_n), rl_tasks(seed, tasks_per_update * updates)
+    s1, rl = games_summary(stage1), games_summary(stream)
+    rollouts = PRESET["rollouts"]
+    per_type = stage1_n // len(TASK_TYPES)
+    lines = [f"{'type':<6} {'stage1 tasks':>12} {'x' + str(rollouts) + ' trajectories':>16} {'RL stream':>10}"]
+    for t, name in TASK_TYPES.items():
+        lines.append(f"{name:<6} {s1['per_type'].get(t, 0):>12} {s1['per_type'].get(t, 0) * rollouts:>16} "
+                     f"{rl['per_type'].get(t, 0):>10}")
+    lines.append(f"{'total':<6} {s1['count']:>12} {s1['count'] * rollouts:>16} {rl['count']:>10}")
+    overlap = len({g["task_id"] for g in stage1} & {g["task_id"] for g in stream})
+    lines += [f"stage 1 set : splits {s1['per_split']}, {s1['unique']} distinct, game-list sha256 {s1['sha256']}",
+              f"RL stream   : splits {rl['per_split']}, {rl['unique']} distinct, game-list sha256 {rl['sha256']} "
+              f"({tasks_per_update} tasks x {updates} updates; {overlap} of its games are also in the stage 1 set)"]
+    checks = {
+        f"stage 1 tasks = {stage1_n} ({per_type} per type)":
+            s1["count"] == stage1_n and all(s1["per_type"].get(t) == per_type for t in TASK_TYPES),
+        f"stage 1 trajectories = {stage1_n * rollouts}": s1["count"] * rollouts == stage1_n * rollouts,
+        f"RL task instances = {tasks_per_update * updates}": rl["count"] == tasks_per_update * updates,
+        # the split as the game file's own folder says (task ids are '<split>/<task>/<trial>'), not a label
+        "every game from the train split": {g["task_id"].split("/")[0] for g in stage1 + stream} == {"train"},
+    }
+    manifest = {"stage1": dict(s1, trajectories=s1["count"] * rollouts, task_ids=[g["task_id"] for g in stage1]),
+                "rl_stream": dict(rl, overlap_with_stage1=overlap, task_ids=[g["task_id"] for g in stream])}
+    return lines, checks, manifest
 
+
+# ----------------------------------------------------------------------------------------------------
+# One game (runs inside an EnvPool worker)
 
 class AlfworldGame:
     """One ALFWorld game in a worker process. reset()/step() return
@@ -249,22 +279,14 @@ def make_game(task):
     return AlfworldGame(task["game_file"] if isinstance(task, dict) else task)
 
 
-def is_admissible(action, admissible):
-    """Whether the parsed action is one of the env's admissible commands (its own metric; not validity)."""
-    return action in admissible
-
-
-def reward(state, valid, invalid_penalty=INVALID_PENALTY):
-    """+10 at the step the game is won; an invalid step costs the penalty (docs/paper.md)."""
-    return WIN_REWARD * state["won"] - invalid_penalty * (not valid)
-
-
 # ----------------------------------------------------------------------------------------------------
-# The agent prompt (docs/paper.md, ALFWorld protocol). Every step of an episode is its own (prompt, response)
-# sample. The prompt is one user message:
+# The prompt
+# docs/paper.md, ALFWorld protocol. Every step of an episode is its own (prompt, response) sample. The prompt
+# is one user message:
 #   step 1      role, current observation, admissible actions, closing instruction
 #   step t > 1  role + task line, steps taken so far, the last k (observation, action) pairs, current step
-#               number and observation, admissible actions, closing instruction
+#               number and observation (prompts/agent.py `recent_steps`, shared with WebShop), admissible
+#               actions, closing instruction
 # The skill-aware "teacher" prompt of Stage 2 is the same prompt with an episode-skill block inserted right
 # after the task line (at step 1 that line is inside the observation, as in the public code's
 # seed/prompting.py; an observation without one gets the block before the closing instruction).
@@ -285,12 +307,6 @@ def quote_actions(admissible):
     return "\n ".join(f"'{a}'" for a in admissible)
 
 
-def format_history(history, first_index):
-    """history: [(observation, action), ...] oldest first; first_index: the step number of history[0]."""
-    return "\n".join(f"[Observation {first_index + i}: '{obs}', Action {first_index + i}: '{act}']"
-                     for i, (obs, act) in enumerate(history))
-
-
 def build_agent_prompt(observation, admissible, *, step, task=None, history=(), skill=None):
     """The user message for one step.
 
@@ -309,12 +325,9 @@ def build_agent_prompt(observation, admissible, *, step, task=None, history=(), 
                 f"{current}"
                 f"Your admissible actions in the current situation are: [{actions}].\n\n"
                 f"{block}{CLOSING}")
-    k = len(history)
     return (f"{ROLE} Your task is to: {task}\n"
             f"{block}"
-            f"Before this step you have already taken {step - 1} step(s). Below are the most recent {k} "
-            f"observations and the action you took after each:\n{format_history(history, step - k)}\n"
-            f"You are now at step {step} and your current observation is: {observation}\n"
+            f"{recent_steps(history, step, observation)}"
             f"Your admissible actions in the current situation are: [{actions}].\n\n"
             f"{CLOSING}")
 
@@ -332,7 +345,27 @@ def extract_task(first_observation):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Scripted expert and the data manifest
+# Parsing and reward
+# parse_action and action_to_execute are prompts/agent.py's (the public code's tag rule, shared with WebShop).
+
+def is_admissible(action, admissible):
+    """Whether the parsed action is one of the env's admissible commands (its own metric; not validity)."""
+    return action in admissible
+
+
+def reward(state, valid, invalid_penalty=INVALID_PENALTY):
+    """+10 at the step the game is won; an invalid step costs the penalty (docs/paper.md)."""
+    return WIN_REWARD * state["won"] - invalid_penalty * (not valid)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The scripted expert (CPU demos and tests) and the episode stats
+
+def walkthrough(game_file):
+    """The game's stored expert walkthrough (a list of commands that wins it)."""
+    with open(game_file) as f:
+        return list(json.load(f).get("walkthrough", []))
+
 
 @functools.lru_cache(maxsize=4096)
 def _plan(game_file):
@@ -353,33 +386,3 @@ def episode_stats(episode):
     """ALFWorld's diagnostics are generic ones (success per task type, inadmissible share: seed_rl.py logs them
     for every env), so none of its own."""
     return {}
-
-
-def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
-    """The preset's data: the Stage 1 task set and the RL task stream, per type, with checks against the
-    paper's Table 3 (docs/paper.md, Per-env settings). Returns (printable lines, checks {name: ok}, manifest dict)."""
-    from common.records import games_summary
-    stage1, stream = stage1_tasks(seed, stage1_n), rl_tasks(seed, tasks_per_update * updates)
-    s1, rl = games_summary(stage1), games_summary(stream)
-    rollouts = PRESET["rollouts"]
-    per_type = stage1_n // len(TASK_TYPES)
-    lines = [f"{'type':<6} {'stage1 tasks':>12} {'x' + str(rollouts) + ' trajectories':>16} {'RL stream':>10}"]
-    for t, name in TASK_TYPES.items():
-        lines.append(f"{name:<6} {s1['per_type'].get(t, 0):>12} {s1['per_type'].get(t, 0) * rollouts:>16} "
-                     f"{rl['per_type'].get(t, 0):>10}")
-    lines.append(f"{'total':<6} {s1['count']:>12} {s1['count'] * rollouts:>16} {rl['count']:>10}")
-    overlap = len({g["task_id"] for g in stage1} & {g["task_id"] for g in stream})
-    lines += [f"stage 1 set : splits {s1['per_split']}, {s1['unique']} distinct, game-list sha256 {s1['sha256']}",
-              f"RL stream   : splits {rl['per_split']}, {rl['unique']} distinct, game-list sha256 {rl['sha256']} "
-              f"({tasks_per_update} tasks x {updates} updates; {overlap} of its games are also in the stage 1 set)"]
-    checks = {
-        f"stage 1 tasks = {stage1_n} ({per_type} per type)":
-            s1["count"] == stage1_n and all(s1["per_type"].get(t) == per_type for t in TASK_TYPES),
-        f"stage 1 trajectories = {stage1_n * rollouts}": s1["count"] * rollouts == stage1_n * rollouts,
-        f"RL task instances = {tasks_per_update * updates}": rl["count"] == tasks_per_update * updates,
-        # the split as the game file's own folder says (task ids are '<split>/<task>/<trial>'), not a label
-        "every game from the train split": {g["task_id"].split("/")[0] for g in stage1 + stream} == {"train"},
-    }
-    manifest = {"stage1": dict(s1, trajectories=s1["count"] * rollouts, task_ids=[g["task_id"] for g in stage1]),
-                "rl_stream": dict(rl, overlap_with_stage1=overlap, task_ids=[g["task_id"] for g in stream])}
-    return lines, checks, manifest

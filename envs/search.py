@@ -5,8 +5,10 @@ retriever's top 3 passages inside <information>...</information>) OR answers (`<
 ends the episode). At most 4 turns; a search on the last turn ends the episode unanswered. Reward: exact match
 (SQuAD normalisation) of the answer against any gold answer, 1 or 0, minus 0.01 for an invalid step.
 
-One turn, worked through (question from ../shared/search/hotpotqa500):
+One turn, worked through (question from ../shared/search/hotpotqa500; the prompt is `build_prompt`'s, shortened):
 
+    prompt    ... Question: Party Never Ends is an album by the Romanian singer who studied at what college?
+              This is your first step: nothing has been searched yet. You are now at step 1. ...
     response  <think>I need the singer of Party Never Ends.</think>
               <search>Party Never Ends Romanian singer</search>
     parsed    ("search[Party Never Ends Romanian singer]", valid=True, reason="")
@@ -28,8 +30,6 @@ needs the optional `pyarrow`). Splits:
 """
 import argparse
 import functools
-import hashlib
-import json
 import os
 import random
 import re
@@ -60,6 +60,9 @@ ENV_DESCRIPTION = "an agent answering questions by searching Wikipedia through a
 SPLIT_SEED = 20260  # fixed: the val questions never change with the run's --seed, so they never leak into train
 SPLITS = ("train", "val", "test")
 
+
+# ----------------------------------------------------------------------------------------------------
+# Data and flags
 
 def default_data_dir():
     """$SEARCH_DATA, else ../shared/search (common/paths.py shared_dir)."""
@@ -118,7 +121,6 @@ def _opt(args, name, default=None):
     return default if value is None else value
 
 
-# ----------------------------------------------------------------------------------------------------
 # Question files
 
 class QuestionFileError(ValueError):
@@ -235,7 +237,6 @@ def split_questions(split, args):
     return [q for i, q in enumerate(qs) if (i in val) == (split == "val")]
 
 
-# ----------------------------------------------------------------------------------------------------
 # The run's flags: the step protocol, and flags that would change nothing for this env (refused)
 
 PUBLIC_RULES = {"invalid_step": "execute-first", "empty_block": "valid", "stray_tags": "count"}
@@ -379,7 +380,10 @@ def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Exact match (the SQuAD answer normalisation)
+# One game (runs inside an EnvPool worker)
+
+
+# Exact match (the SQuAD answer normalisation): how the game scores an answer
 
 PUNCTUATION = set(string.punctuation)  # ASCII only, as in the SQuAD script
 
@@ -408,8 +412,7 @@ def empty_golds(questions):
             if not normalize_answer(g)]
 
 
-# ----------------------------------------------------------------------------------------------------
-# The game (runs inside an EnvPool worker)
+# The game
 
 INVALID_FEEDBACK = ("Your previous response was invalid: it needs exactly one <search> query </search> or "
                     "one <answer> answer </answer> block.")
@@ -476,7 +479,49 @@ def make_game(task):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Parsing. Validity (docs/paper.md, Search): one <search>...</search> or <answer>...</answer> block; invalid: no block, both
+# The prompt
+
+ROLE = "You are an expert agent answering a question with the help of a search engine over Wikipedia."
+CLOSING = (
+    "Now it is your turn to respond. First reason step by step about what you know and what you still need; "
+    "this reasoning MUST be enclosed in <think> </think> tags. Then do exactly one of the following. If some "
+    "knowledge you need is missing or uncertain, search for it: give one query inside <search> </search> tags, "
+    "and the top results will come back between <information> and </information>. If you can answer with "
+    "confidence, give only the final answer, a few words without explanation, inside <answer> </answer> tags, "
+    "for example <answer> Beijing </answer>."
+)
+
+
+def format_executed(executed):
+    kind, arg = split_action(executed)
+    return f"<{kind}> {arg} </{kind}>" if kind else "(an invalid response: no single search or answer block)"
+
+
+def format_history(history):
+    """history: step records, oldest first: each (action, information) pair the agent saw."""
+    return "\n".join(f"[Step {h['step']}] {format_executed(h.get('executed'))}\n{h.get('feedback', '')}"
+                     for h in history)
+
+
+def build_prompt(task, observation, admissible, step, history, skill=None):
+    """The user message for `step` (1-based). task: the question (or the task dict). history: the last k
+    step records of the episode (oldest first; keys step, executed, feedback); the current observation is
+    the last record's feedback, so it is shown through the history only. skill: None or '' for the plain
+    prompt; a string inserts the skill block right after the question line (the only difference)."""
+    question = task["question"] if isinstance(task, dict) else str(task)
+    block = skill_block(skill) if skill else ""
+    history = list(history or [])
+    if step <= 1:
+        progress = "This is your first step: nothing has been searched yet.\n"
+    else:
+        progress = (f"Before this step you have taken {step - 1} step(s). Below are the most recent "
+                    f"{len(history)} actions and the information each returned:\n{format_history(history)}\n")
+    return f"{ROLE}\nQuestion: {question}\n{block}{progress}You are now at step {step}.\n\n{CLOSING}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Parsing and reward
+# Validity (docs/paper.md, Search): one <search>...</search> or <answer>...</answer> block; invalid: no block, both
 # kinds, more than one block. A missing <think> is NOT invalid here. The details follow the paper's public
 # code, verl-agent's `search_projection` (agent_system/environments/env_package/search/projection.py) and its
 # env manager's step (agent_system/environments/env_manager.py, SearchEnvironmentManager.step; read in forks
@@ -570,63 +615,7 @@ def reward(state, valid, invalid_penalty=PRESET["invalid_penalty"]):
 
 
 # ----------------------------------------------------------------------------------------------------
-# The prompt
-
-ROLE = "You are an expert agent answering a question with the help of a search engine over Wikipedia."
-CLOSING = (
-    "Now it is your turn to respond. First reason step by step about what you know and what you still need; "
-    "this reasoning MUST be enclosed in <think> </think> tags. Then do exactly one of the following. If some "
-    "knowledge you need is missing or uncertain, search for it: give one query inside <search> </search> tags, "
-    "and the top results will come back between <information> and </information>. If you can answer with "
-    "confidence, give only the final answer, a few words without explanation, inside <answer> </answer> tags, "
-    "for example <answer> Beijing </answer>."
-)
-
-
-def format_executed(executed):
-    kind, arg = split_action(executed)
-    return f"<{kind}> {arg} </{kind}>" if kind else "(an invalid response: no single search or answer block)"
-
-
-def format_history(history):
-    """history: step records, oldest first: each (action, information) pair the agent saw."""
-    return "\n".join(f"[Step {h['step']}] {format_executed(h.get('executed'))}\n{h.get('feedback', '')}"
-                     for h in history)
-
-
-def build_prompt(task, observation, admissible, step, history, skill=None):
-    """The user message for `step` (1-based). task: the question (or the task dict). history: the last k
-    step records of the episode (oldest first; keys step, executed, feedback); the current observation is
-    the last record's feedback, so it is shown through the history only. skill: None or '' for the plain
-    prompt; a string inserts the skill block right after the question line (the only difference)."""
-    question = task["question"] if isinstance(task, dict) else str(task)
-    block = skill_block(skill) if skill else ""
-    history = list(history or [])
-    if step <= 1:
-        progress = "This is your first step: nothing has been searched yet.\n"
-    else:
-        progress = (f"Before this step you have taken {step - 1} step(s). Below are the most recent "
-                    f"{len(history)} actions and the information each returned:\n{format_history(history)}\n")
-    return f"{ROLE}\nQuestion: {question}\n{block}{progress}You are now at step {step}.\n\n{CLOSING}"
-
-
-# ----------------------------------------------------------------------------------------------------
-# The scripted expert (CPU demos and tests)
-
-def episode_stats(episode):
-    """Why EM moves, or does not: searches made, whether any retrieved passage held a gold answer (the
-    retriever gave the policy what it needed), whether it answered at all, and the answer's length in words.
-    A policy that stops searching and answers from memory shows as searches -> 0."""
-    steps = episode.get("steps", [])
-    kinds = [split_action(s.get("executed")) for s in steps]
-    golds = [normalize_answer(g) for g in episode.get("golden_answers", []) if normalize_answer(g)]
-    infos = [normalize_answer(s.get("feedback") or "") for s, (k, _) in zip(steps, kinds) if k == "search"]
-    answers = [a for k, a in kinds if k == "answer"]
-    return {"searches": sum(k == "search" for k, _ in kinds),
-            "gold_retrieved": float(any(f" {g} " in f" {i} " for g in golds for i in infos)),  # whole words
-            "answered": float(bool(answers)),
-            "answer_words": len(answers[-1].split()) if answers else None}
-
+# The scripted expert (CPU demos and tests) and the episode stats
 
 def expert_response(episode):
     """First turn: search the question itself; then: answer with the first gold answer, saying which
@@ -641,3 +630,18 @@ def expert_response(episode):
     where = next((f"Doc {i} mentions {gold!r}" for i, d in docs if normalize_answer(gold) in normalize_answer(d)),
                  "the passages do not state it, but I know it")
     return f"<think>{where}, so the answer is {gold}.</think>\n<answer>{gold}</answer>"
+
+
+def episode_stats(episode):
+    """Why EM moves, or does not: searches made, whether any retrieved passage held a gold answer (the
+    retriever gave the policy what it needed), whether it answered at all, and the answer's length in words.
+    A policy that stops searching and answers from memory shows as searches -> 0."""
+    steps = episode.get("steps", [])
+    kinds = [split_action(s.get("executed")) for s in steps]
+    golds = [normalize_answer(g) for g in episode.get("golden_answers", []) if normalize_answer(g)]
+    infos = [normalize_answer(s.get("feedback") or "") for s, (k, _) in zip(steps, kinds) if k == "search"]
+    answers = [a for k, a in kinds if k == "answer"]
+    return {"searches": sum(k == "search" for k, _ in kinds),
+            "gold_retrieved": float(any(f" {g} " in f" {i} " for g in golds for i in infos)),  # whole words
+            "answered": float(bool(answers)),
+            "answer_words": len(answers[-1].split()) if answers else None}

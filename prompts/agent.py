@@ -14,6 +14,19 @@ def skill_block(skill):
     return f"{SKILL_TITLE}\n{skill.strip()}\n"
 
 
+def recent_steps(history, step, observation):
+    """The middle of ALFWorld's and WebShop's step prompt from step 2 on (one template in the paper's public
+    code): the steps taken so far, the last k (observation, action) pairs numbered by their step, then the
+    current step and observation. history: the (observation, action) pairs of the k steps right before `step`,
+    oldest first."""
+    k = len(history)
+    pairs = "\n".join(f"[Observation {step - k + i}: '{obs}', Action {step - k + i}: '{act}']"
+                      for i, (obs, act) in enumerate(history))
+    return (f"Before this step you have already taken {step - 1} step(s). Below are the most recent {k} "
+            f"observations and the action you took after each:\n{pairs}\n"
+            f"You are now at step {step} and your current observation is: {observation}\n")
+
+
 # ----------------------------------------------------------------------------------------------------
 # Parsing: the rule of the paper's public code (its ALFWorld/WebShop projections; docs/paper.md, ALFWorld protocol).
 # The action is the text between the FIRST "<action>" and the FIRST "</action>" of the lower-cased response,

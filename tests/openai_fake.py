@@ -14,7 +14,8 @@ Tests script it per request; run as a program it is a stand-in analyzer for CPU 
 
 A request dict: {"n": arrival index, "time": monotonic seconds, "prompt": the user message text,
 "task": the prompt's "Task: ..." line, "reminder": whether the stricter reminder is in it, "try": how many
-earlier requests carried the same task (0 for the first), "auth": the Authorization header, "body": the JSON}.
+earlier requests carried the same task (0 for the first), "auth": the Authorization header, "peer": the
+client's (host, port), one per TCP connection, "body": the JSON}.
 The script chooses what the server does with a Reply: an HTTP status, an answer text (wrapped in a real
 chat-completion object), extra headers (Retry-After), a delay before answering (to run past a client's
 timeout), or a raw body (a 200 that is not a chat completion).
@@ -67,7 +68,7 @@ class FakeOpenAI:
                     req = {"n": len(fake.requests), "time": time.monotonic(), "prompt": prompt, "task": task,
                            "reminder": "IMPORTANT: your previous answer could not be used" in prompt,
                            "try": sum(r["task"] == task for r in fake.requests),
-                           "auth": self.headers.get("Authorization"), "body": body}
+                           "auth": self.headers.get("Authorization"), "peer": self.client_address, "body": body}
                     fake.requests.append(req)
                 reply = fake.script(req)
                 if reply.delay:

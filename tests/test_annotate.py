@@ -295,6 +295,17 @@ def test_nothing_listening_stops_at_once_in_one_line_and_the_rerun_asks_everythi
     assert "12 annotations" in again.stdout and "parsed 12, failed 0" in again.stdout
 
 
+def test_requests_reuse_one_kept_alive_connection(template, tmp_path):
+    """One pooled session: with --concurrency 1, six trajectories are six requests over one TCP connection
+    (the server sees one client port), not six connections."""
+    traj = write_jsonl(tmp_path / "traj.jsonl", clones(template, [f"c{i}" for i in range(6)]))
+    with FakeOpenAI(lambda req: Reply(content=good_answer("ok.", SKILL))) as server:
+        res = run_script(annotate_args(traj, tmp_path / "skills.jsonl", server.url, "--concurrency", "1"))
+        peers = [q["peer"] for q in server.requests]
+    assert "parsed 6, failed 0" in res.stdout
+    assert len(peers) == 6 and len(set(peers)) == 1, peers
+
+
 def test_kill_mid_run_then_resume_gives_every_trajectory_exactly_once(template, tmp_path):
     eps = clones(template, [f"k{i:02d}" for i in range(30)])
     traj, out = write_jsonl(tmp_path / "traj.jsonl", eps), tmp_path / "skills.jsonl"

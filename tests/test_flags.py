@@ -178,6 +178,10 @@ SEED_RL_REFUSED = {
                       "admissible-action list")],
     "invalid_fallback": [("search", ["--invalid-fallback", "look"], "--invalid-fallback 'look': the search env runs "
                           "only search")],
+    **{dest: [("alfworld", ["--no-activation-checkpointing", flag, value], "--checkpoint-policy/--checkpoint-every "
+               "choose how layers are recomputed, and --no-activation-checkpointing recomputes none")]
+       for dest, flag, value in [("checkpoint_policy", "--checkpoint-policy", "selective"),
+                                 ("checkpoint_every", "--checkpoint-every", "2")]},
 }
 SFT_REFUSED = {"val_fraction": [("alfworld", ["--val-fraction", "0.2"],
                                  "--val-fraction: it splits --bc-data episodes only")]}
@@ -282,7 +286,8 @@ def test_refused_in_one_line_naming_the_env_or_setting(script, dest, env, argv, 
     ("seed_rl.py", "alfworld", []), ("seed_rl.py", "alfworld", GRPO), ("seed_rl.py", "alfworld", ["--kl-coef", "0"]),
     ("seed_rl.py", "alfworld", ["--analyzer-model", "scripted", "--min-skill-words", "5", "--ref-model", "tiny"]),
     ("seed_rl.py", "alfworld", ["--group-size", "1", "--allow-group-of-one"]),
-    ("seed_rl.py", "alfworld", ["--micro-tokens", "4096"]), ("seed_rl.py", "alfworld", ["--probe-action", "look"]),
+    ("seed_rl.py", "alfworld", ["--micro-tokens", "4096"]),
+    ("seed_rl.py", "alfworld", ["--checkpoint-policy", "selective", "--checkpoint-every", "2"]), ("seed_rl.py", "alfworld", ["--probe-action", "look"]),
     ("seed_rl.py", "webshop", [*GRPO, "--probe-action", "click[buy now]"]),
     ("seed_rl.py", "search", ["--probe-action", "Answer[yes]", "--no-retriever-check"]),
     ("sft.py", "alfworld", []), ("sft.py", "alfworld", ["--bc-data", "missing.jsonl", "--val-fraction", "0.2"]),

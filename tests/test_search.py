@@ -922,3 +922,19 @@ def test_seed_rl_two_processes_match_one_process(real_server, tmp_path):
     assert two["rollout/episodes"] == 4
     for k in ("loss/pg", "loss/kl", "loss/opd", "loss/total", "opd/gate_mean", "tokens/response", "grad_norm"):
         assert two[k] == pytest.approx(one[k], rel=1e-4, abs=1e-7), k
+
+
+def test_bc_clones_only_wins_whose_passages_held_the_gold(real_server, tmp_path):
+    """sft.py --bc-data on Search expert episodes: a win is cloned only when a retrieved passage held the gold
+    (otherwise the expert answered from what it was told, not from what it read); each cloned win is 2 steps."""
+    from conftest import run_script
+    traj = tmp_path / "expert.jsonl"
+    run_script(["collect.py", "--env", "search", "--model", "expert", "--tasks", "12", "--rollouts", "1",
+                "--workers", "1", "--retriever-url", real_server, "--out", str(traj)])
+    eps = [json.loads(line) for line in open(traj)]
+    supported = [e for e in eps if S.episode_stats(e)["gold_retrieved"] == 1.0]
+    assert all(e["success"] for e in eps) and 0 < len(supported) < len(eps)  # both kinds among these 12
+    res = run_script(["sft.py", "--env", "search", "--model", "tiny", "--bc-data", str(traj), "--out",
+                      str(tmp_path / "sft"), "--epochs", "1", "--batch-size", "4", "--max-steps", "1"])
+    assert (f"{2 * len(supported)} step examples from {len(supported)} won of 12 episodes "
+            f"({12 - len(supported)} wins skipped: the gold was in no retrieved passage)") in res.stdout

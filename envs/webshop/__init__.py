@@ -70,7 +70,7 @@ WIN_REWARD = 10.0
 
 
 # ----------------------------------------------------------------------------------------------------
-# Flags and tasks
+# Data and flags
 
 def default_data_dir():
     return os.environ.get("WEBSHOP_DATA") or shared_dir("webshop")
@@ -95,6 +95,9 @@ def _dirs(args):
     return (os.path.abspath(getattr(args, "webshop_data", None) or default_data_dir()),
             os.path.abspath(getattr(args, "webshop_index_cache", None) or default_index_dir()))
 
+
+# ----------------------------------------------------------------------------------------------------
+# Tasks
 
 def split_indices(split, n_goals):
     if split == "test":
@@ -216,7 +219,7 @@ def make_game(task):
 
 
 # ----------------------------------------------------------------------------------------------------
-# The agent's side: prompt, parsing, reward
+# The prompt
 
 ROLE = "You are an expert autonomous agent operating in the WebShop e-commerce environment."
 CLOSING = (
@@ -234,21 +237,18 @@ def build_prompt(task, observation, admissible, step, history, skill=None):
     """The user message of `step` (1-based). history: the last k step records, oldest first (their
     `observation` and `executed`). skill: None (plain) or the episode skill, whose block goes right after
     the task line; plain and skill prompts differ by exactly that block."""
-    from prompts.agent import skill_block
-    block = skill_block(skill) if skill else ""
+    block = agent.skill_block(skill) if skill else ""
     head = f"{ROLE}\nYour task is to: {task}\n{block}"
     tail = (f"Your admissible actions in the current situation are:\n[\n{quote_actions(admissible)}\n].\n\n"
             f"{CLOSING}")
     if step == 1 or not history:
         return f"{head}Your current observation is: {observation}\n{tail}"
-    lines = "\n".join(f"[Observation {h['step']}: '{h['observation']}', Action {h['step']}: '{h['executed']}']"
-                      for h in history)
-    return (f"{head}Before this step you have already taken {step - 1} step(s). Below are the most recent "
-            f"{len(history)} observations and the action you took after each:\n{lines}\n"
-            f"You are now at step {step} and your current observation is: {observation}\n{tail}")
+    return head + agent.recent_steps([(h["observation"], h["executed"]) for h in history], step, observation) + tail
 
 
-
+# ----------------------------------------------------------------------------------------------------
+# Parsing and reward
+# parse_action is prompts/agent.py's (the public code's tag rule, shared with ALFWorld).
 
 def is_admissible(action, admissible):
     """Whether the action is one the page offers: search[...] with a query where 'search[<your query>]' is
@@ -271,7 +271,7 @@ def reward(state, valid, invalid_penalty=PRESET["invalid_penalty"]):
 
 
 # ----------------------------------------------------------------------------------------------------
-# The scripted expert (CPU demos and tests)
+# The scripted expert (CPU demos and tests) and the episode stats
 
 def expert_action(episode):
     """The expert's next action: it knows the goal. Search the goal's instruction (the product's title on
@@ -303,15 +303,15 @@ def expert_action(episode):
     return "click[back to search]"
 
 
-def episode_stats(episode):
-    """Searches made and clicks on the way to a purchase (an episode that never clicks 'buy now' scores 0)."""
-    executed = [str(s.get("executed") or "") for s in episode.get("steps", [])]
-    return {"searches": sum(a.startswith("search[") for a in executed),
-            "clicks": sum(a.startswith("click[") for a in executed)}
-
-
 def expert_response(episode):
     """The expert's response text, in the agent's <think>/<action> format."""
     action = expert_action(episode)
     return (f"<think>I know the goal; the next step towards buying it is {action}.</think>\n"
             f"<action>{action}</action>")
+
+
+def episode_stats(episode):
+    """Searches made and clicks on the way to a purchase (an episode that never clicks 'buy now' scores 0)."""
+    executed = [str(s.get("executed") or "") for s in episode.get("steps", [])]
+    return {"searches": sum(a.startswith("search[") for a in executed),
+            "clicks": sum(a.startswith("click[") for a in executed)}
