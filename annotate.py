@@ -62,7 +62,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from tqdm import tqdm
 
-from envs import ENVS, HelpFormatter, load_env, require_positive
+from envs import ENVS, HelpFormatter, load_env, refuse_unused, require_positive
 from common.records import (append_jsonl, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
                           run_manifest, sha256_file, write_manifest)
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis, target_json
@@ -141,7 +141,9 @@ def find_episode(path, uid):
 
 # ---------------------------------------------------------------------------------------------------
 # Trace mode: follow one SFT example back to its annotation and its raw trajectory, then exit
-if args.trace:
+if args.trace:  # (issue 29: no flag silently ignored) trace mode reads only --sft / --out
+    refuse_unused(p, args, [a.dest for a in p._actions if a.dest not in ("help", "trace", "sft", "out")],
+                  "--trace prints one SFT example and exits")
     if not sft_path:
         p.error("--trace needs --sft (or --out, to derive the SFT path)")
     ex = next((e for e in read_jsonl(sft_path) if e["id"] == args.trace), None)
@@ -191,6 +193,16 @@ if not 0 <= args.val_fraction <= 1 or args.parse_retries < 0 or args.http_retrie
 require_positive(args, "concurrency", "max_new_tokens", "batch_size", "max_model_len")
 if args.analyzer == "local" and args.model == "tiny" and args.backend == "vllm":
     p.error("`tiny` is built in memory; vLLM needs a model path (use --backend hf)")
+# flags of another analyzer would change nothing (issue 29; tests/test_flags.py walks them all)
+if args.analyzer != "openai":
+    refuse_unused(p, args, ["base_url", "api_key_env", "concurrency", "timeout", "http_retries", "backoff", "max_wait"],
+                  f"--analyzer {args.analyzer} sends no HTTP request")
+if args.analyzer == "openai":
+    refuse_unused(p, args, ["backend", "batch_size", "max_model_len", "gpu_memory_utilization"],
+                  "--analyzer openai runs no local model")
+if args.analyzer == "scripted":
+    refuse_unused(p, args, ["backend", "gpu_memory_utilization", "temperature"],
+                  "--analyzer scripted runs no model (a rule-based stand-in, always the same answer)")
 
 # ---------------------------------------------------------------------------------------------------
 # Plan: every trajectory of the input files, minus those already in --out (resume by uid)

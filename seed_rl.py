@@ -47,12 +47,12 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from envs import env_from_argv, env_parser, require_positive
+from envs import env_from_argv, env_parser, refuse_unused, require_positive
 from common.backends import HFBackend, ScriptedAnalyzer, VLLMBackend
 from common.models import attn_implementation, load_model, load_tokenizer
 from envs.pool import EnvPool
-from common.records import (append_jsonl, args_diff, check_resume, games_sha256, open_jsonl_for_append, read_jsonl,
-                          resumed_manifest, run_manifest, write_manifest)
+from common.records import (OPD_ONLY_FLAGS, append_jsonl, args_diff, check_resume, games_sha256,
+                            open_jsonl_for_append, read_jsonl, resumed_manifest, run_manifest, write_manifest)
 from common.tracking import Tracker, add_log_to_arg
 from common.rollout import add_rollout_args, play_episodes, rollout_kwargs, step_prompt
 from common.checkpoints import latest_checkpoint, save_checkpoint_dir, save_hf_checkpoint
@@ -397,6 +397,20 @@ def parse_args():
         sys.exit("--group-size 1: GRPO ranks the episodes of a task against each other, so with one episode every "
                  "advantage is 0 and the policy-gradient term trains nothing; use --group-size 2 or more (the paper: "
                  f"{paper['group_size']}), or pass --allow-group-of-one to train on the KL and OPD terms alone")
+    # flags that would change nothing in this run are refused (issue 29; tests/test_flags.py walks them all)
+    if args.opd_coef <= 0:
+        refuse_unused(p, args, OPD_ONLY_FLAGS, "with --opd-coef 0 (GRPO) no episode is analyzed and there is no "
+                      "OPD term")
+    if args.kl_coef <= 0:
+        refuse_unused(p, args, ["ref_model"], "with --kl-coef 0 there is no KL term and no reference model")
+    if args.group_size != 1:
+        refuse_unused(p, args, ["allow_group_of_one"], f"it applies to --group-size 1 only, not {args.group_size}")
+    if args.micro_tokens > 0:
+        refuse_unused(p, args, ["micro_batch"], f"with --micro-tokens {args.micro_tokens} the micro-batches are "
+                      "filled by tokens, not by a count of samples")
+    if env.NAME == "search":
+        refuse_unused(p, args, ["test_files"], "seed_rl.py trains on the search env's train split (the test files "
+                      "are evaluate.py's)")
     return args, env, paper
 
 

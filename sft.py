@@ -54,7 +54,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
-from envs import HelpFormatter, add_env_arg, env_from_argv, load_env, require_positive
+from envs import HelpFormatter, add_env_arg, env_from_argv, load_env, refuse_unused, require_positive
 from common.models import load_model, load_tokenizer
 from common.tracking import Tracker, add_log_to_arg
 from common.records import (append_jsonl, args_diff, check_resume, open_jsonl_for_append, read_jsonl, resumed_manifest,
@@ -75,15 +75,17 @@ def data_env(argv):
     pre.add_argument("--bc-data", nargs="+")
     known, _ = pre.parse_known_args(argv)
     first_file = known.data or (known.bc_data or [None])[0]
-    if known.env or not first_file or not os.path.isfile(first_file):
+    if not first_file or not os.path.isfile(first_file):
         return env_from_argv(argv)
     with open(first_file, encoding="utf-8") as f:
         first = f.readline()
     try:
         name = json.loads(first).get("env", "alfworld")  # examples written before envs had names: ALFWorld's
     except (json.JSONDecodeError, AttributeError):
-        name = "alfworld"  # a malformed file: the data check below names the bad records
-    return load_env(name)
+        name = None  # a malformed file: the data check below names the bad records
+    if known.env and name and known.env != name:  # the preset (max length) would be the wrong env's
+        sys.exit(f"--env {known.env}: {first_file} holds {name} records; drop --env (the data's env is the default)")
+    return env_from_argv(argv) if known.env else load_env(name or "alfworld")
 
 
 env = data_env(sys.argv[1:])
@@ -127,6 +129,8 @@ p.add_argument("--seed", type=int, default=0, help="data order (and the tiny mod
 add_log_to_arg(p)
 args = p.parse_args()
 require_positive(args, "epochs", "batch_size", "micro_batch", "max_length", "save_every", "max_steps")
+if not args.bc_data:  # annotate.py splits --data itself (issue 29: no flag silently ignored)
+    refuse_unused(p, args, ["val_fraction"], "it splits --bc-data episodes only (annotate.py split --data)")
 
 rank, world, device = init_distributed()
 torch.manual_seed(args.seed)

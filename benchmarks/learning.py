@@ -57,8 +57,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from envs import HelpFormatter  # noqa: E402
-from common.records import (append_jsonl, git_state, model_info, open_jsonl_for_append, read_jsonl,  # noqa: E402
-                            sha256_file)
+from common.records import (OPD_ONLY_FLAGS, append_jsonl, drop_flags, git_state, model_info,  # noqa: E402
+                            open_jsonl_for_append, read_jsonl, sha256_file)
 
 # -----------------------------------------------------------------------------
 # 0. What a run is, and what its record keeps
@@ -213,17 +213,7 @@ def finish_args(p, args, need_model=True):
 
 def math_flags(arg_string):
     """The flags of a seed_rl.py argument string that change the result (COMPUTE_FLAGS and their values removed)."""
-    toks, out, i = shlex.split(arg_string), [], 0
-    while i < len(toks):
-        t = toks[i]
-        name = t.split("=")[0]
-        takes_value = "=" not in t and i + 1 < len(toks) and not toks[i + 1].startswith("--")
-        if name in COMPUTE_FLAGS:
-            i += 2 if takes_value else 1
-            continue
-        out.append(t)
-        i += 1
-    return out
+    return drop_flags(shlex.split(arg_string), COMPUTE_FLAGS)
 
 
 def make_config(args):
@@ -303,7 +293,10 @@ def train_command(args, cfg, start_model, method, seed, out, workers, lanes=1):
                   "--save-every", str(args.save_every or cfg["updates"]), "--dump-examples", "2", "--out", out]
     if cfg["max_new_tokens"]:
         cmd += ["--max-new-tokens", str(cfg["max_new_tokens"])]
-    return cmd + METHODS[method] + shlex.split(args.seed_rl_args) + cfg["env_args"]
+    extra = shlex.split(args.seed_rl_args)  # GRPO: without the analysis and OPD flags (seed_rl.py refuses them)
+    if method == "grpo":
+        extra = drop_flags(extra, {"--" + f.replace("_", "-") for f in OPD_ONLY_FLAGS})
+    return cmd + METHODS[method] + extra + cfg["env_args"]
 
 
 def _has_module(name):

@@ -200,6 +200,16 @@ def rollout(parts):
     write(args.json, results)
 
 
+def update_flags(extra):
+    """--update-flags, without the analysis and OPD flags for the GRPO run (seed_rl.py refuses them there)."""
+    flags = args.update_flags.split()
+    if "--opd-coef" in extra:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from common.records import OPD_ONLY_FLAGS, drop_flags
+        flags = drop_flags(flags, {"--" + f.replace("_", "-") for f in OPD_ONLY_FLAGS})
+    return flags
+
+
 def update(name, extra):
     out = os.path.join(args.work, name)
     subprocess.run(["rm", "-rf", out])
@@ -208,7 +218,7 @@ def update(name, extra):
            str(args.group_size), "--updates", "2", "--max-steps", str(args.update_max_steps), "--max-new-tokens",
            str(args.max_new_tokens), "--workers", str(args.workers), "--save-every", "0", "--seed", str(args.seed),
            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--backend", args.backend,
-           "--out", out, *args.update_flags.split(), *extra]
+           "--out", out, *update_flags(extra), *extra]
     code, dt = run(name, cmd, left() - 5)
     rows = []
     if os.path.exists(os.path.join(out, "metrics.jsonl")):

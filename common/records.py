@@ -23,6 +23,26 @@ PAPER_VERSION = "arXiv 2607.14777 v1"
 PACKAGES = ["torch", "transformers", "vllm", "flash-attn", "accelerate", "alfworld", "textworld", "numpy"]
 
 
+# seed_rl.py's flags of the self-analysis and the OPD term. With --opd-coef 0 (GRPO) no episode is analyzed and
+# there is no OPD term: seed_rl.py refuses them; drivers that give both arms one flag string drop them from GRPO's.
+OPD_ONLY_FLAGS = ("analyzer_model", "analysis_max_new_tokens", "analysis_max_len", "min_skill_words", "opd_beta")
+
+
+def drop_flags(tokens, names):
+    """A command line's tokens without the flags in names ('--flag'), each with its value if it takes one
+    (--flag value, --flag=value; a bare --flag when the next token is another flag or there is none)."""
+    out, i = [], 0
+    while i < len(tokens):
+        t = tokens[i]
+        takes_value = "=" not in t and i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
+        if t.split("=")[0] in names:
+            i += 2 if takes_value else 1
+            continue
+        out.append(t)
+        i += 1
+    return out
+
+
 def read_jsonl(path):
     """Records of a JSONL file; a torn last line (a kill mid-write) is skipped with a warning."""
     if not os.path.exists(path):

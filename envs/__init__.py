@@ -88,3 +88,11 @@ def require_positive(args, *names):
            if getattr(args, n) is not None and getattr(args, n) < 1]
     if bad:
         sys.exit(f"{', '.join(bad)}: must be 1 or more (with 0 nothing is played or trained)")
+
+
+def refuse_unused(parser, args, names, why):
+    """Flags set (to other than their default) where they would change nothing are refused in one line naming
+    each and the setting that makes them moot (issue 29: no flag silently ignored), before any model loads."""
+    bad = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None) != parser.get_default(n)]
+    if bad:
+        sys.exit(f"{', '.join(bad)}: {why}, so {'it' if len(bad) == 1 else 'they'} would change nothing")

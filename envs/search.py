@@ -255,6 +255,10 @@ def configure(args):
     if fallback is not None and split_action(fallback)[0] is None:
         raise SystemExit(f"--invalid-fallback {fallback!r}: the search env runs only search[query] or answer[text]; "
                          f"anything else is an invalid turn already, so it would change nothing")
+    probe = _opt(args, "probe_action")  # seed_rl.py's plumbing check: the reward of a first action equal to it
+    if probe is not None and split_action(probe.strip().lower())[0] is None:
+        raise SystemExit(f"--probe-action {probe!r}: the search env parses only search[query] or answer[text], so no "
+                         f"episode's first action can be {probe!r} and every return would be 0")
     RULES.update(invalid_step=_opt(args, "search_invalid_step", PUBLIC_RULES["invalid_step"]),
                  empty_block=_opt(args, "search_empty_block", PUBLIC_RULES["empty_block"]),
                  stray_tags=_opt(args, "search_stray_tags", PUBLIC_RULES["stray_tags"]))
