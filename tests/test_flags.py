@@ -352,8 +352,9 @@ def test_drivers_give_the_grpo_arm_no_analysis_flags():
                       {"--analyzer-model", "--opd-beta", "--lockstep"}) == ["--lr", "1", "--x"]
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     import learning
-    args = learning.parse_args(["--model", "tiny", "--launcher", "python",
-                                "--seed-rl-args", "--analyzer-model scripted --min-skill-words 5 --kl-coef 0"])
+    p = learning.build_parser()
+    args = learning.finish_args(p, p.parse_args(["--model", "tiny", "--launcher", "python", "--seed-rl-args",
+                                                 "--analyzer-model scripted --min-skill-words 5 --kl-coef 0"]))
     cfg = dict(env="alfworld", updates=1, tasks_per_update=2, group_size=2, max_steps=2, lr=1e-5, max_new_tokens=8,
                env_args=[])
     seed, grpo = (learning.train_command(args, cfg, "tiny", m, 0, "out", 1) for m in ("seed", "grpo"))
