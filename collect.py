@@ -91,7 +91,7 @@ print(f"collect: {len(games)} tasks x {args.rollouts} rollouts = {len(plan)} epi
 # ---------------------------------------------------------------------------------------------------
 # Policy: scripted expert, HF generate, or vLLM
 policy = make_policy(args.model, tokenizer, backend=args.backend, max_model_len=args.max_prompt_tokens + args.max_new_tokens,
-                     gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
+                     gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_gib=args.kv_cache_gib, seed=args.seed)
 
 # ---------------------------------------------------------------------------------------------------
 # Play: up to --batch-episodes episodes at once, each at its own pace; each is appended the moment it ends

@@ -156,8 +156,8 @@ policy = None  # nothing left to play: the tables are rebuilt from the file
 if todo:
     policy = make_policy(args.model, tokenizer, backend=args.backend,
                          max_model_len=args.max_prompt_tokens + args.max_new_tokens,
-                         gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
-                         **({"tensor_parallel_size": args.tp} if args.backend == "vllm" else {}))
+                         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_gib=args.kv_cache_gib,
+                         seed=args.seed, **({"tensor_parallel_size": args.tp} if args.backend == "vllm" else {}))
 
 # ---------------------------------------------------------------------------------------------------
 # Play: up to --batch-episodes episodes at once, each at its own pace; each is appended the moment it ends

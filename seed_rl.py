@@ -54,7 +54,7 @@ from envs.pool import EnvPool
 from common.records import (OPD_ONLY_FLAGS, append_jsonl, args_diff, check_resume, games_sha256,
                             open_jsonl_for_append, read_jsonl, resumed_manifest, run_manifest, write_manifest)
 from common.tracking import Tracker, add_log_to_arg
-from common.rollout import add_rollout_args, play_episodes, rollout_kwargs, step_prompt
+from common.rollout import add_kv_cache_arg, add_rollout_args, play_episodes, rollout_kwargs, step_prompt
 from common.checkpoints import latest_checkpoint, save_checkpoint_dir, save_hf_checkpoint
 from common.packing import gather_response, make_batch, packed_attention, response_select
 from common.training import adamw_impl, full_params, init_distributed, print0, shard_model
@@ -327,8 +327,9 @@ def parse_args():
                    "(benchmarks/rollout_async.py); same seeds, same episodes")
     g.add_argument("--probe-action", default=None, metavar="ACTION",
                    help="plumbing check, not a task: an episode's return is 1 when its first parsed action is ACTION "
-                        "(e.g. 'look' in ALFWorld), else 0; the env's reward is ignored. A working loop raises "
-                        "rollout/probe_rate within a few updates (use with --max-steps 1)")
+                        "(e.g. 'look' in ALFWorld; 'admissible': any well-formed action the env offers at that step), "
+                        "else 0; the env's reward is ignored. A working loop raises rollout/probe_rate within a few "
+                        "updates (use with --max-steps 1)")
     env.add_args(g)
     g = p.add_argument_group("models and engine")
     g.add_argument("--model", required=True, help="the Stage 1 SFT checkpoint (HF folder or hub id) | tiny")
@@ -338,6 +339,7 @@ def parse_args():
                         "ablation). 'scripted': a rule-based stand-in for CPU demos")
     g.add_argument("--backend", default=None, choices=["vllm", "hf"], help="default: vllm if installed and on GPU")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.4, help="vLLM's share of each GPU")
+    add_kv_cache_arg(g)
     g.add_argument("--analysis-max-new-tokens", type=int, default=paper["analysis_max_new_tokens"],
                    help="tokens of one self-analysis answer (greedy)")
     g.add_argument("--min-skill-words", type=int, default=paper["min_skill_words"], help="shortest skill that "
@@ -588,7 +590,7 @@ def setup(args, env, paper, rank, world, device):
                 raise SystemExit("--backend vllm needs a model folder (save the tiny model with sft.py first)")
             engine = VLLMBackend(args.model, tokenizer, max_model_len=max(args.analysis_max_len,
                                  args.max_prompt_tokens + args.max_new_tokens), seed=args.seed,
-                                 gpu_memory_utilization=args.gpu_memory_utilization,
+                                 gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_gib=args.kv_cache_gib,
                                  want_logprobs=True)  # for the engine-vs-trainer log-prob check of every update
             engine.sleep()
         else:  # an unsharded copy for HF generate, refreshed by the same per-parameter sync as vLLM
@@ -601,7 +603,8 @@ def setup(args, env, paper, rank, world, device):
         elif args.analyzer_model:  # static analyzer ablation: fixed weights, never synced
             analyzer = VLLMBackend(args.analyzer_model, load_tokenizer(args.analyzer_model),
                                    max_model_len=args.analysis_max_len, seed=args.seed,
-                                   gpu_memory_utilization=args.gpu_memory_utilization) if args.backend == "vllm" \
+                                   gpu_memory_utilization=args.gpu_memory_utilization,
+                                   kv_cache_gib=args.kv_cache_gib) if args.backend == "vllm" \
                 else HFBackend(load_model(args.analyzer_model, device=device), load_tokenizer(args.analyzer_model))
     my_groups = list(range(rank, args.tasks_per_update, world))  # each rank plays its share of the groups
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks sharing this node's CPU cores
@@ -692,10 +695,16 @@ def drop_env_failures(episodes, rank):
 
 def probe_returns(episodes, probe_action):
     """The plumbing check's reward (--probe-action), in place of the env's: return 1 when the episode's first
-    parsed action is `probe_action` (case and surrounding blanks ignored), else 0; ep["probe_hit"] says which."""
+    parsed action is `probe_action` (case and surrounding blanks ignored), else 0; ep["probe_hit"] says which.
+    probe_action 'admissible': 1 when the first step is valid and its action is one the env offered (a base model
+    does this some of the time, so the groups have signal from the first update; a fixed action it never writes
+    gives none)."""
     for ep in episodes:
-        first = ep["steps"][0]["action"] if ep["steps"] else ""
-        ep["probe_hit"] = (first or "").strip().lower() == probe_action.strip().lower()
+        first = ep["steps"][0] if ep["steps"] else {}
+        if probe_action.strip().lower() == "admissible":
+            ep["probe_hit"] = bool(first.get("valid")) and first.get("admissible_action") is True
+        else:
+            ep["probe_hit"] = (first.get("action") or "").strip().lower() == probe_action.strip().lower()
         ep["return"] = float(ep["probe_hit"])
 
 

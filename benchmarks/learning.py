@@ -72,7 +72,7 @@ LEARNING_PRESETS = {
 }
 EVAL_SPLITS = {"search": "val"}  # held-out hotpot questions (fixed split); other envs: evaluate.py's default
 # seed_rl.py flags that change only how the work is computed, not its result: kept out of the config key
-COMPUTE_FLAGS = {"--workers", "--gpu-memory-utilization", "--micro-batch", "--micro-tokens", "--packing",
+COMPUTE_FLAGS = {"--workers", "--gpu-memory-utilization", "--kv-cache-gib", "--micro-batch", "--micro-tokens", "--packing",
                  "--save-every", "--dump-examples", "--backend", "--activation-checkpointing",
                  "--no-activation-checkpointing", "--batch-episodes"}
 # per-update metric (short name in the record) <- seed_rl.py's metrics.jsonl key
@@ -174,6 +174,9 @@ def build_parser(description=__doc__):
                    "(default 0.4 with one job at a time, 0.2 side by side)")
     g.add_argument("--gpu-util-eval", type=float, default=None, help="evaluate.py's vLLM share (default 0.3 with "
                    "one job at a time, 0.15 side by side)")
+    g.add_argument("--kv-cache-gib", type=float, default=0.0, help="seed_rl.py's and evaluate.py's --kv-cache-gib: "
+                   "a fixed vLLM KV cache (0: vLLM sizes it by profiling); benchmarks/remote then starts engines "
+                   "without stopping the other jobs")
     g.add_argument("--workers", type=int, default=None, help="env workers per job (default: the CPU cores)")
     g.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"], help="evaluate.py's engine "
                    "(auto: vllm where vLLM and nvidia-smi exist); seed_rl.py picks its own")
@@ -272,7 +275,7 @@ def eval_command(args, cfg, model, out, workers, lanes=1):
            "--seed", str(e["seed"]), "--max-steps", str(e["max_steps"]), "--workers", str(workers),
            "--backend", backend, "--out", out]
     if backend == "vllm":
-        cmd += ["--gpu-memory-utilization", str(util)]
+        cmd += ["--gpu-memory-utilization", str(util)] + kv_cache_flag(args)
     if e["splits"]:
         cmd += ["--splits", e["splits"]]
     if e["max_new_tokens"]:
@@ -291,12 +294,17 @@ def train_command(args, cfg, start_model, method, seed, out, workers, lanes=1):
                   "--max-steps", str(cfg["max_steps"]), "--lr", str(cfg["lr"]), "--seed", str(seed),
                   "--workers", str(workers), "--gpu-memory-utilization", str(util),
                   "--save-every", str(args.save_every or cfg["updates"]), "--dump-examples", "2", "--out", out]
+    cmd += kv_cache_flag(args)
     if cfg["max_new_tokens"]:
         cmd += ["--max-new-tokens", str(cfg["max_new_tokens"])]
     extra = shlex.split(args.seed_rl_args)  # GRPO: without the analysis and OPD flags (seed_rl.py refuses them)
     if method == "grpo":
         extra = drop_flags(extra, {"--" + f.replace("_", "-") for f in OPD_ONLY_FLAGS})
     return cmd + METHODS[method] + extra + cfg["env_args"]
+
+
+def kv_cache_flag(args):
+    return ["--kv-cache-gib", str(args.kv_cache_gib)] if args.kv_cache_gib else []
 
 
 def _has_module(name):

@@ -173,7 +173,8 @@ class VLLMBackend:
     where the co-located trainer could not reach the weights."""
 
     def __init__(self, model_path, tokenizer, *, max_model_len, gpu_memory_utilization=0.35, seed=0,
-                 enable_sleep_mode=True, dtype="bfloat16", tensor_parallel_size=1, want_logprobs=False):
+                 enable_sleep_mode=True, dtype="bfloat16", tensor_parallel_size=1, want_logprobs=False,
+                 kv_cache_gib=0.0):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         # Per-request seeds keep each sample independent of the batch it shares. vLLM's V1 model runner (0.24's
         # default for Qwen2) draws seeded noise one request at a time ("This can be slow because we handle each
@@ -192,6 +193,12 @@ class VLLMBackend:
             # (CUDA is initialized by then), which re-runs a top-level script such as collect.py and fails
             # (seen on the H200 with vLLM 0.24).
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if kv_cache_gib > 0:
+            # A fixed KV cache: vLLM then skips its memory profiling, which infers the KV size from how the
+            # device's free memory changes and fails when another process on the GPU allocates or frees meanwhile.
+            # So several small jobs can share one GPU and start their engines side by side (benchmarks/remote:
+            # lanes); gpu_memory_utilization is then only vLLM's check that this much memory is free at start.
+            kw["kv_cache_memory_bytes"] = int(kv_cache_gib * 2 ** 30)
         self.tok, self.want_logprobs = tokenizer, want_logprobs
         self.llm = LLM(model=model_path, tokenizer=getattr(tokenizer, "name_or_path", None) or model_path,
                        dtype=dtype, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
@@ -325,14 +332,15 @@ class ExpertPolicy(BatchBackend):
         return out
 
 
-def make_policy(model, tokenizer, *, backend="hf", max_model_len, gpu_memory_utilization=0.85, seed=0, **vllm_kw):
+def make_policy(model, tokenizer, *, backend="hf", max_model_len, gpu_memory_utilization=0.85, kv_cache_gib=0.0, seed=0,
+                **vllm_kw):
     """The generation policy of collect.py, evaluate.py and annotate.py: `expert` (scripted, ExpertPolicy), a
     vLLM engine (no sleep mode: nothing else shares the GPU), or HF generate (bf16 on GPU, fp32 on CPU)."""
     if model == "expert":
         return ExpertPolicy(tokenizer)
     if backend == "vllm":
         return VLLMBackend(model, tokenizer, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
-                           seed=seed, enable_sleep_mode=False, **vllm_kw)
+                           kv_cache_gib=kv_cache_gib, seed=seed, enable_sleep_mode=False, **vllm_kw)
     from common.models import load_model
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

@@ -294,10 +294,11 @@ RESUME_MAY_CHANGE = {
             "log_to": "where the metrics are mirrored (metrics.jsonl stays the record)"},
     "collect.py": {"workers": "env worker processes",
                    "batch_episodes": "episodes per generate call (samples are seeded per episode and step)",
-                   "gpu_memory_utilization": "vLLM's share of the GPU"},
+                   "gpu_memory_utilization": "vLLM's share of the GPU", "kv_cache_gib": "vLLM's KV cache size"},
     "evaluate.py": {"workers": "env worker processes",
                     "batch_episodes": "episodes per generate call (samples are seeded per episode and step)",
-                    "gpu_memory_utilization": "vLLM's share of the GPU", "tp": "GPUs per vLLM engine",
+                    "gpu_memory_utilization": "vLLM's share of the GPU", "kv_cache_gib": "vLLM's KV cache size",
+                    "tp": "GPUs per vLLM engine",
                     "paper_backbone": "which paper rows the table shows beside the run"},
     "annotate.py": {"trajectories": "more collect.py files (each trajectory is still annotated once)",
                     "base_url": "the same analyzer served elsewhere", "api_key_env": "where the key is read",
@@ -317,6 +318,7 @@ RESUME_MAY_CHANGE = {
                               "where it would move the lr warm-up)",
                    "save_every": "how often it checkpoints", "dump_examples": "examples dumped per update",
                    "workers": "env worker processes", "gpu_memory_utilization": "vLLM's share of the GPU",
+                   "kv_cache_gib": "vLLM's KV cache size",
                    "micro_batch": "forwards per mini-batch (the loss is a global token-mean: the same up to "
                                   "float rounding)",
                    "micro_tokens": "the same, by a token budget", "packing": "padded or packed micro-batches "

@@ -394,6 +394,14 @@ def add_play_args(group, batch_episodes, tp=False):
     group.add_argument("--batch-episodes", type=int, default=batch_episodes, help="episodes in play at once (a new "
                        "one starts as one ends; the engine batches whatever requests are in flight)")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of the GPU")
+    add_kv_cache_arg(group)
+
+
+def add_kv_cache_arg(group):
+    """--kv-cache-gib: collect.py, evaluate.py and seed_rl.py."""
+    group.add_argument("--kv-cache-gib", type=float, default=0.0, help="vLLM: a fixed KV cache of this many GiB "
+                       "instead of sizing it by profiling the free memory (0); lets several jobs share one GPU and "
+                       "start their engines side by side")
 
 
 def rollout_kwargs(args):

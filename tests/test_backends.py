@@ -178,6 +178,17 @@ def test_a_users_model_runner_choice_wins(fake_vllm, tokenizer, monkeypatch):
     assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
 
 
+def test_a_fixed_kv_cache_reaches_vllm_and_skips_its_profiling(fake_vllm, tokenizer):
+    """--kv-cache-gib 1.5 -> kv_cache_memory_bytes (vLLM then does not size the cache from the free memory it sees
+    while profiling); 0, the default, leaves vLLM's own sizing from gpu_memory_utilization."""
+    eng = VLLMBackend("some/model", tokenizer, max_model_len=1024, gpu_memory_utilization=0.1, kv_cache_gib=1.5)
+    assert eng.llm.kw["kv_cache_memory_bytes"] == 1610612736 and eng.llm.kw["gpu_memory_utilization"] == 0.1
+    assert "kv_cache_memory_bytes" not in VLLMBackend("some/model", tokenizer, max_model_len=1024).llm.kw
+    from common.backends import make_policy  # collect.py's and evaluate.py's engine
+    pol = make_policy("some/model", tokenizer, backend="vllm", max_model_len=1024, kv_cache_gib=0.25)
+    assert pol.llm.kw["kv_cache_memory_bytes"] == 2 ** 28 and pol.llm.kw["enable_sleep_mode"] is False
+
+
 def test_sampled_token_logprobs_when_asked(fake_vllm, tokenizer):
     eng = VLLMBackend("some/model", tokenizer, max_model_len=1024, want_logprobs=True)
     gens = eng.generate([[1, 2], [3]], max_new_tokens=3, temperature=1.0, seeds=[0, 1])

@@ -31,6 +31,13 @@ def test_probe_reward_replaces_the_env_return():
     probe_returns(eps, "look")
     assert [e["return"] for e in eps] == [1.0, 0.0, 0.0, 0.0]
     assert [e["probe_hit"] for e in eps] == [True, False, False, False]
+    # 'admissible': a valid first step whose action the env offered (invalid, inadmissible or no step: 0)
+    eps = [dict(steps=[dict(action="go to desk 1", valid=True, admissible_action=True)]),
+           dict(steps=[dict(action="go to desk 1", valid=False, admissible_action=True)]),
+           dict(steps=[dict(action="fly", valid=True, admissible_action=False)]),
+           dict(steps=[dict(action="x", valid=True, admissible_action=None)]), dict(steps=[])]
+    probe_returns(eps, "admissible")
+    assert [e["return"] for e in eps] == [1.0, 0.0, 0.0, 0.0, 0.0]
 
 
 def test_every_env_has_episode_stats():

@@ -27,6 +27,38 @@ TYPE_COUNTS = {"pick_and_place_simple": (790, 35, 24), "look_at_obj_in_light": (
 
 
 # ----------------------------------------------------------------------------------------------------
+# One game: the memoized PDDL translation changes nothing a game says
+
+def test_memoized_translation_plays_the_same_game(monkeypatch):
+    """envs/alfworld.py memoize_translation: a game built with the memo (translated once for its load and reset,
+    then not at all for a second copy) says exactly what a game built with the plain translation says, step by
+    step along the expert's walkthrough, and is won; and two live copies of one game do not share their state."""
+    import fast_downward
+    plain = getattr(fast_downward.pddl2sas, "__wrapped__", fast_downward.pddl2sas)
+    memo = alfworld.memoize_translation()
+    memo.cache_clear()
+    game = select_games("valid_seen", 0, tasks_per_type=1)[0]["game_file"]
+    a = alfworld.AlfworldGame(game)
+    states_a = [a.reset()]
+    assert (memo.cache_info().misses, memo.cache_info().hits) == (2, 2)  # the reset reused the load's two
+    b = alfworld.AlfworldGame(game)
+    states_b = [b.reset()]
+    assert (memo.cache_info().misses, memo.cache_info().hits) == (2, 6)  # a second copy: no translation at all
+    monkeypatch.setattr(fast_downward, "pddl2sas", plain)  # a game built without the memo
+    c = alfworld.AlfworldGame(game)
+    states_c = [c.reset()]
+    steps = walkthrough(game)
+    for action in steps:
+        states_a.append(a.step(action))
+        states_c.append(c.step(action))
+    assert states_a == states_c and states_a[-1]["won"] and states_a[-1]["done"]
+    # b was reset only: a's moves did not reach it, and it plays the same game on its own
+    for action in steps:
+        states_b.append(b.step(action))
+    assert states_b == states_c
+
+
+# ----------------------------------------------------------------------------------------------------
 # Game lists and deterministic task choice
 
 @pytest.mark.parametrize("split", list(SPLITS))

@@ -16,8 +16,8 @@ import pytest
 from conftest import REPO
 
 # flags whose effect does not depend on the env (the rollout loop, the engine, files, modes)
-GENERIC = {"env", "model", "backend", "batch_episodes", "gpu_memory_utilization", "workers", "out", "seed", "shard",
-           "rollouts", "tasks", "history", "max_new_tokens", "max_prompt_tokens", "max_steps", "temperature",
+GENERIC = {"env", "model", "backend", "batch_episodes", "gpu_memory_utilization", "kv_cache_gib", "workers", "out",
+           "seed", "shard", "rollouts", "tasks", "history", "max_new_tokens", "max_prompt_tokens", "max_steps", "temperature",
            "invalid_penalty", "limit", "samples", "tp", "paper_backbone", "report", "smooth", "data_manifest"}
 SPLIT_FLAGS = {"split", "splits"}  # checked below for each env
 # env flags whose effect is checked below, and flags refused for some env
@@ -136,8 +136,8 @@ def test_invalid_rule_and_fallback_change_alfworld_and_webshop_and_are_refused_f
 # lengths, sampling, penalty: common/rollout.py, the same code for every env; no env caps the steps), the output
 SEED_RL_GENERIC = {
     "env", "model", "updates", "tasks_per_update", "group_size", "workers", "lockstep", "backend",
-    "gpu_memory_utilization", "lr", "warmup_ratio", "mini_batch", "micro_tokens", "packing", "clip_eps", "dual_clip",
-    "grad_clip", "kl_coef", "opd_coef", "adv_mode", "adv_norm", "activation_checkpointing", "seed", "save_every",
+    "gpu_memory_utilization", "kv_cache_gib", "lr", "warmup_ratio", "mini_batch", "micro_tokens", "packing", "clip_eps",
+    "dual_clip", "grad_clip", "kl_coef", "opd_coef", "adv_mode", "adv_norm", "activation_checkpointing", "seed", "save_every",
     "out", "log_to", "max_steps", "history", "max_prompt_tokens", "max_new_tokens", "temperature", "invalid_penalty",
     # the plain-vs-skill dumps: with --opd-coef 0 there are none, but the matched GRPO arm of benchmarks/learning.py
     # and benchmarks/h200.sh part C passes the same value as SEED's (the file is written, empty)

@@ -70,14 +70,15 @@ def read(path):
 
 def test_h200_parts_build_their_jobs_through_commands_py(tmp_path):
     """Fast: what h200.sh's parts L and Q start, and the flags that say what each job is."""
-    bc = h200("L", tmp_path / "bc", START="bc", PROBE="1", BC_DATA="/x/expert.jsonl", BUDGET="400")
+    bc = h200("L", tmp_path / "bc", START="bc", PROBE="1", BC_DATA="/x/expert.jsonl", BUDGET="400", KV_GIB="4")
     assert [n for n, _ in bc] == ["probe", "bc-sft", "learning"]
     probe, sft, learn = (c for _, c in bc)
-    assert flag(probe, "--probe-action") == "look" and flag(probe, "--max-steps") == "1"
+    assert flag(probe, "--probe-action") == "admissible" and flag(probe, "--max-steps") == "1"
     assert flag(probe, "--opd-coef") == "0" and flag(probe, "--model") == "tiny"
     assert flag(sft, "--bc-data") == "/x/expert.jsonl" and flag(sft, "--out") == str(tmp_path / "bc" / "bc")
     assert flag(learn, "--model") == flag(sft, "--out")  # START=bc: both arms start from the SFT
     assert flag(learn, "--env") == "alfworld" and "--detach" in learn and flag(learn, "--eval-limit") == "12"
+    assert flag(learn, "--kv-cache-gib") == "4.0"  # KV_GIB: fixed KV caches, engine starts stop no other job
     search = h200("L", tmp_path / "search", ENV="search", BUDGET="400")
     assert [n for n, _ in search] == ["retriever", "learning"]
     assert "--env-args=--retriever-url http://127.0.0.1:8000/retrieve" in search[1][1]
@@ -104,7 +105,7 @@ def bc_part(tmp_path_factory):
                 "--workers", "1", "--out", str(bc_data)])
     cmds = dict(h200("L", run_dir, START="bc", PROBE="1", BC_DATA=str(bc_data), BC_EPOCHS="1", PROBE_UPDATES="1",
                      LANES="1", METHODS="grpo", SEEDS="0", UPDATES="1", TASKS="1", STEPS="2", EVAL_LIMIT="1",
-                     BUDGET="900"))
+                     BUDGET="900", KV_GIB="4"))
     run_built(cmds["bc-sft"], "--batch-size", "2", "--micro-batch", "1")
     assert (run_dir / "bc" / "config.json").exists()
     return run_dir, cmds
@@ -126,6 +127,7 @@ def test_part_L_alfworld_from_the_bc_start_runs_for_real(bc_part, tmp_path):
     runs = read(res / "runs.jsonl")
     assert len(runs) == 1 and runs[0]["env"] == "alfworld" and runs[0]["method"] == "grpo"
     assert runs[0]["start"]["label"].startswith("sft(") and f"--model {run_dir / 'bc'}" in runs[0]["commands"]["train"]
+    assert "--kv-cache-gib 4.0" in runs[0]["commands"]["train"]
     assert runs[0]["eval"]["start"]["all"]["episodes"] >= 1 and runs[0]["eval"]["end"]["all"]["episodes"] >= 1
 
 

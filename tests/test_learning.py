@@ -124,6 +124,29 @@ def test_the_engine_gate_keeps_engine_starts_apart(fake):
     assert len([t for k, t in first if k == "E" and min(w) < t < max(w)]) > 10
 
 
+def test_with_a_fixed_kv_cache_engine_starts_stay_apart_but_nobody_else_stops(fake):
+    """--kv-cache-gib: the engines do not profile the free memory, so a job that is already running runs on while
+    another job's engine starts; the engine starts themselves still take turns (vLLM's compile cache is written by
+    the first). The flag reaches seed_rl.py, and is a compute flag (the same group as without it)."""
+    fake("--methods", "seed,grpo", "--seeds", "0", "--lanes", "2", "--launcher", "torchrun", "--kv-cache-gib", "2",
+         env={"FAKE_VLLM": "1.5", "FAKE_SLEEP": "1.5"}, timeout=180)
+    runs = read(fake.res / "runs.jsonl")
+    assert len(runs) == 2 and all("--kv-cache-gib 2.0" in r["commands"]["train"] for r in runs)
+    beats = {}
+    for r in runs:
+        with open(os.path.join(fake.scratch, r["run_id"], "train", "beats")) as f:
+            beats[r["run_id"]] = [(k, float(t)) for k, t in (line.split() for line in f)]
+    first, second = sorted(beats.values(), key=lambda b: min(t for k, t in b if k == "W"))
+    w1, w2 = ([t for k, t in b if k == "W"] for b in (first, second))
+    assert max(w1) < min(w2)  # one engine start at a time
+    # while the second engine starts, the first job trains on (its update beats), unlike the freezing gate above
+    assert len([t for k, t in first if k == "R" and min(w2) < t < max(w2)]) > 10
+    frozen = sorted(r["compute"]["frozen_s"] for r in runs)
+    assert frozen[0] < 0.5 and frozen[1] > 0.5  # only the job that waited for its turn was stopped
+    fake("--methods", "seed,grpo", "--seeds", "0", "--lanes", "2", "--launcher", "torchrun")
+    assert len(read(fake.res / "runs.jsonl")) == 2  # without the flag: the same runs, on file (skipped)
+
+
 def test_detach_leaves_jobs_running_for_the_next_call(fake):
     out = fake("--methods", "seed,grpo", "--seeds", "0", "--lanes", "2", "--deadline-s", "1.5", "--detach",
                env={"FAKE_SLEEP": "1.0"}).stdout

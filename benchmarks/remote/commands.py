@@ -54,11 +54,12 @@ def search_train(a):
 
 
 def probe(a):
-    """Part L's plumbing check (PROBE=1): GRPO on ALFWorld rewarded for `look` as the first action, one step per
-    episode; it shows that a reward the policy can reach moves it (docs: the learning benchmark)."""
+    """Part L's plumbing check (PROBE=1): GRPO on ALFWorld rewarded for a valid, admissible first action, one step
+    per episode; it shows that a reward the policy can reach moves it (README: the learning benchmark). ('look'
+    was tried first: the base model never wrote it, so no group had signal.)"""
     return head(a.torchrun) + [
-        "seed_rl.py", "--env", "alfworld", "--model", a.model, "--opd-coef", "0", "--probe-action", "look",
-        "--max-steps", "1", "--updates", str(a.updates), "--tasks-per-update", "8", "--group-size", "8", "--lr", "1e-5",
+        "seed_rl.py", "--env", "alfworld", "--model", a.model, "--opd-coef", "0", "--probe-action", "admissible",
+        "--max-steps", "1", "--updates", str(a.updates), "--tasks-per-update", "4", "--group-size", "8", "--lr", "1e-5",
         "--workers", str(a.workers), "--gpu-memory-utilization", "0.15", "--save-every", "0", "--dump-examples", "0",
         "--out", a.out]
 
@@ -84,6 +85,7 @@ def learning(a):
             + ["--eval-limit", str(a.eval_limit if a.eval_limit is not None else 100 if a.env == "search" else 12),
                "--deadline-s", str(a.deadline_s), "--scratch", a.scratch, "--python", sys.executable]
             + ([f"--seed-rl-args=--packing {a.packing}"] if a.packing else [])
+            + (["--kv-cache-gib", str(a.kv_cache_gib)] if a.kv_cache_gib else [])
             + ([f"--env-args=--retriever-url {retriever_url(a.port)}"] if a.env == "search" else [])
             + (["--detach"] if a.detach else []))
 
@@ -143,6 +145,8 @@ def parse_args(argv):
     s.add_argument("--deadline-s", type=float, required=True, help="what this call has left for the driver")
     s.add_argument("--scratch", required=True, help="job folders (kept on the machine between calls)")
     s.add_argument("--packing", default=None, help="seed_rl.py --packing (h200.sh: $PACKING)")
+    s.add_argument("--kv-cache-gib", type=float, default=0.0, help="each engine's fixed KV cache: engine starts no "
+                   "longer stop the other jobs (h200.sh: $KV_GIB)")
     s.add_argument("--detach", action="store_true", help="leave the jobs running at the deadline (h200.sh: DETACH=1)")
     return p.parse_args(argv)
 

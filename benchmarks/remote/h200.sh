@@ -49,8 +49,9 @@
 #                   runs the plumbing check (seed_rl.py --probe-action look, base model) beside that SFT
 #   UPDATES TASKS STEPS LR: unset, learning.py's preset for the env (ALFWorld: 10 updates of 2 x 8, 15 steps,
 #                   lr 1e-5; Search: 10 of 8 x 8, 4 turns); EVAL_LIMIT (12 games per split; Search: 100, the whole val
-#                   split); PACKING=off|auto|... (seed_rl.py --packing); LEARN_ARGS: more learning_remote.py flags
-#                   (e.g. --dry-run)
+#                   split); PACKING=off|auto|... (seed_rl.py --packing); KV_GIB=4: each engine's fixed KV cache (GiB),
+#                   so an engine start stops no other job (learning_remote.py's gate); LEARN_ARGS: more
+#                   learning_remote.py flags (e.g. --dry-run)
 #   ENV=search      Search on the hotpot questions ($SEARCH_DATA): the retriever starts in its own process
 #                   session on 127.0.0.1:8000 (kept for the next call), the held-out questions are the val split
 # Sizing, measured in the fifth to seventh sessions (results/2026-12-03-rollout-async-trainer-profile,
@@ -209,7 +210,7 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
   step learning $((LEFT + 60)) $PY $CMDS learning --model "$START_MODEL" --env "${ENV:-alfworld}" \
       --methods "${METHODS:-seed,grpo}" --seeds "${SEEDS:-0 1 2}" --lanes "${LANES:-2}" ${UPDATES:+--updates "$UPDATES"} \
       ${TASKS:+--tasks "$TASKS"} ${STEPS:+--steps "$STEPS"} ${LR:+--lr "$LR"} ${EVAL_LIMIT:+--eval-limit "$EVAL_LIMIT"} \
-      --deadline-s "$LEFT" --scratch "$RUN/learning" ${PACKING:+--packing "$PACKING"} \
+      --deadline-s "$LEFT" --scratch "$RUN/learning" ${PACKING:+--packing "$PACKING"} ${KV_GIB:+--kv-cache-gib "$KV_GIB"} \
       $([ "${DETACH:-1}" = 1 ] && echo --detach) -- ${LEARN_ARGS:-}
   mkdir -p "$OUT/learning" && cp results/learning/*.jsonl "$OUT/learning/"
   # logs, status and metrics of every job (no weights, no trajectories)

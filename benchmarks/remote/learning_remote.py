@@ -27,6 +27,8 @@ that free memory did not grow; another process waking, sleeping or allocating me
 "Error in memory profiling ... other processes sharing the same container release GPU memory"). So the runners
 share one gate: while one process starts an engine (from its first vLLM log line to "init engine ... took"),
 the other jobs' processes are stopped (SIGSTOP) and then continued. The stopped seconds are recorded (frozen_s).
+With --kv-cache-gib the engines do not profile (a fixed KV cache), so the other jobs run on while one engine starts;
+engine starts still go one at a time (the first compiles and fills vLLM's compile cache, which the others then read).
 """
 import argparse
 import fcntl
@@ -148,12 +150,15 @@ class EngineGate:
               appears, or TIMEOUT; then the lock is released and the trees it stopped are continued (those
               whose runner does not itself want the lock)
       after   the engine is up
-    A child in any state but `holds` is stopped while another runner holds the lock (its runner keeps it so)."""
+    A child in any state but `holds` is stopped while another runner holds the lock (its runner keeps it so).
+    freeze_others=False (the jobs' engines have a fixed KV cache, --kv-cache-gib: no profiling to disturb): only a
+    child that `wants` the lock is stopped; the others run on while an engine starts."""
     BEGIN = re.compile(r"^(INFO|WARNING|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d", re.M)  # vLLM's logger format
     READY = re.compile(r"init engine \(|^episodes:|\repisodes:", re.M)  # vLLM's own line; evaluate.py's bar
     TIMEOUT = 300  # seconds: a start that never says it is ready releases the gate anyway
 
-    def __init__(self, scratch, name):
+    def __init__(self, scratch, name, freeze_others=True):
+        self.freeze_others = freeze_others
         self.lock_path = os.path.join(scratch, "engine.lock")
         self.holder_path = self.lock_path + ".holder"
         self.registry = os.path.join(scratch, "engine.runners")
@@ -203,7 +208,7 @@ class EngineGate:
             return False
         self.fd, self.since = fd, time.time()
         write_json(self.holder_path, {"pid": os.getpid(), "job": self.name, "since": now()})
-        self.stopped_others = [e["root"] for e in self._others().values()]
+        self.stopped_others = [e["root"] for e in self._others().values()] if self.freeze_others else []
         for root in self.stopped_others:  # now, not at their runners' next poll
             signal_tree(root, signal.SIGSTOP, keep_env_workers=True)
         return True
@@ -247,7 +252,8 @@ class EngineGate:
                                       or time.time() - self.since > self.TIMEOUT):
             self._set_state("after")
             self.release()
-        self._stop(self.state == "wants" or (self.state != "holds" and self._other_holder() is not None))
+        self._stop(self.state == "wants" or (self.freeze_others and self.state != "holds"
+                                             and self._other_holder() is not None))
 
     def done(self):
         """The child ended (or is being ended): release, continue, leave the registry."""
@@ -266,7 +272,8 @@ def runner(jobdir):
     """--job DIR: one job in its own process session (learning.py's run_job under the gate). A SIGTERM (the
     driver's kill_job) ends the child's tree first, continued if the gate had stopped it."""
     job = read_json(os.path.join(jobdir, "job.json"))
-    gate = EngineGate(os.path.dirname(jobdir.rstrip("/")), job["job_id"])
+    fixed_kv = "--kv-cache-gib" in job.get("train_cmd", []) + job["eval_cmd"]  # no profiling: nothing to protect
+    gate = EngineGate(os.path.dirname(jobdir.rstrip("/")), job["job_id"], freeze_others=not fixed_kv)
 
     def on_term(signum, frame):
         root = read_json(os.path.join(jobdir, "child.pid"))

@@ -13,7 +13,8 @@ import sys
 import time
 
 p = argparse.ArgumentParser()
-for f in ("--env", "--model", "--lr", "--gpu-memory-utilization", "--analyzer-model", "--max-new-tokens"):
+for f in ("--env", "--model", "--lr", "--gpu-memory-utilization", "--kv-cache-gib", "--analyzer-model",
+          "--max-new-tokens"):
     p.add_argument(f)
 for f in ("--updates", "--tasks-per-update", "--group-size", "--max-steps", "--seed", "--workers", "--save-every",
           "--dump-examples"):
