@@ -74,6 +74,7 @@ def test_h200_parts_build_their_jobs_through_commands_py(tmp_path):
     assert [n for n, _ in bc] == ["probe", "bc-sft", "learning"]
     probe, sft, learn = (c for _, c in bc)
     assert flag(probe, "--probe-action") == "admissible" and flag(probe, "--max-steps") == "1"
+    assert flag(probe, "--kv-cache-gib") == "4.0"
     assert flag(probe, "--opd-coef") == "0" and flag(probe, "--model") == "tiny"
     assert flag(sft, "--bc-data") == "/x/expert.jsonl" and flag(sft, "--out") == str(tmp_path / "bc" / "bc")
     assert flag(learn, "--model") == flag(sft, "--out")  # START=bc: both arms start from the SFT

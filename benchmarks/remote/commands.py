@@ -61,7 +61,7 @@ def probe(a):
         "seed_rl.py", "--env", "alfworld", "--model", a.model, "--opd-coef", "0", "--probe-action", "admissible",
         "--max-steps", "1", "--updates", str(a.updates), "--tasks-per-update", "4", "--group-size", "8", "--lr", "1e-5",
         "--workers", str(a.workers), "--gpu-memory-utilization", "0.15", "--save-every", "0", "--dump-examples", "0",
-        "--out", a.out]
+        "--out", a.out] + (["--kv-cache-gib", str(a.kv_cache_gib)] if a.kv_cache_gib else [])
 
 
 def bc_sft(a):
@@ -125,6 +125,7 @@ def parse_args(argv):
     s.add_argument("--workers", type=int, default=16, help="env workers")
     s = cmd("probe", "part L's plumbing check (PROBE=1)", torchrun=True)
     s.add_argument("--updates", type=int, default=10, help="h200.sh: $PROBE_UPDATES")
+    s.add_argument("--kv-cache-gib", type=float, default=0.0, help="the engine's fixed KV cache (h200.sh: $KV_GIB)")
     s.add_argument("--workers", type=int, default=4, help="env workers")
     s = cmd("bc-sft", "part L's behaviour-cloning warm start (START=bc)", torchrun=True)
     s.add_argument("--bc-data", required=True, help="the expert's episodes (collect.py --model expert)")

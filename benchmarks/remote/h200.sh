@@ -189,11 +189,14 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
     for f in ${BC_DATA:-} ${BC_SKILLS:-}; do case $f in *.xz) xz -dkf "$f" ;; esac; done
     if [ "${PROBE:-0}" = 1 ]; then
       mkdir -p "$RUN/probe"
-      $PY $CMDS probe --model "$M" --updates ${PROBE_UPDATES:-10} --out "$RUN/probe" > "$RUN/logs/probe.log" 2>&1 &
+      $PY $CMDS probe --model "$M" --updates ${PROBE_UPDATES:-10} ${KV_GIB:+--kv-cache-gib "$KV_GIB"} \
+          --out "$RUN/probe" > "$RUN/logs/probe.log" 2>&1 &
       PROBE_PID=$!
       # vLLM sizes its KV cache from the free memory it sees while it profiles, and fails if another process
-      # allocates meanwhile (learning_remote.py's gate): the SFT starts once the probe's engine is up
-      for i in $(seq 150); do grep -q "init engine (" "$RUN/logs/probe.log" 2>/dev/null && break; sleep 1; done
+      # allocates meanwhile (learning_remote.py's gate): the SFT starts once the probe's engine is up, unless
+      # the engine's KV cache is fixed (KV_GIB: no profiling)
+      for i in $(seq 150); do [ -n "${KV_GIB:-}" ] && break
+        grep -q "init engine (" "$RUN/logs/probe.log" 2>/dev/null && break; sleep 1; done
     fi
     step bc_sft 420 $PY $CMDS bc-sft --model "$M" --bc-data "${BC_DATA%.xz}" ${BC_SKILLS:+--skills "${BC_SKILLS%.xz}"} \
         --out "$RUN/bc" --epochs ${BC_EPOCHS:-2} --lr ${BC_LR:-1e-5}
