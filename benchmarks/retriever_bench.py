@@ -26,20 +26,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.retriever_common import load_average, pct, read_questions, start_server, write_results  # noqa: E402
+from benchmarks.retriever_common import (load_average, parse_args, pct, read_questions, start_server,  # noqa: E402
+                                         write_results)
 from envs.retriever import retrieve  # noqa: E402
-from envs.search import default_data_dir  # noqa: E402
 
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-p.add_argument("--data", default=default_data_dir(), help="folder with corpus.jsonl.xz and hotpotqa500.jsonl.xz")
-p.add_argument("--sizes", default="1,10,100", help="corpus replication factors to measure")
-p.add_argument("--clients", default="1,16", help="numbers of concurrent clients")
-p.add_argument("--requests", type=int, default=1000, help="timed requests per (size, clients) cell")
-p.add_argument("--warmup", type=int, default=20, help="untimed requests before each cell")
-p.add_argument("--topk", type=int, default=3, help="passages per query (the env's default)")
-p.add_argument("--out", default=None, help="also write the table and the command to this markdown file")
-args = p.parse_args()
+_, args = parse_args(__doc__.split("\n\n")[0], argparse.ArgumentDefaultsHelpFormatter, [  # and --data, --out
+    ("--sizes", str, "1,10,100", "corpus replication factors to measure"),
+    ("--clients", str, "1,16", "numbers of concurrent clients"),
+    ("--requests", int, 1000, "timed requests per (size, clients) cell"),
+    ("--warmup", int, 20, "untimed requests before each cell"),
+    ("--topk", int, 3, "passages per query (the env's default)")])
 
 questions = read_questions(args.data)
 with lzma.open(os.path.join(args.data, "corpus.jsonl.xz"), "rt") as f:

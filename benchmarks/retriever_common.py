@@ -1,6 +1,7 @@
 """What the two benchmarks of the Search env's retriever server share (retriever_bench.py: speed by corpus size;
-retriever_load.py: many clients, errors counted): the questions they send, the server they start, the
-percentiles they report and the markdown file they write. Not a benchmark itself."""
+retriever_load.py: many clients, errors counted): their command line, the questions they send, the server they
+start, the percentiles they report and the markdown file they write. Not a benchmark itself."""
+import argparse
 import json
 import lzma
 import os
@@ -10,7 +11,20 @@ import subprocess
 import sys
 import time
 
+from envs.search import default_data_dir
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_args(description, formatter_class, flags):
+    """The command line of a benchmark: --data, then its own `flags`, a list of (flag, type, default, help), then
+    --out. Returns (parser, args)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=formatter_class)
+    p.add_argument("--data", default=default_data_dir(), help="folder with corpus.jsonl.xz and hotpotqa500.jsonl.xz")
+    for flag, type_, default, text in flags:
+        p.add_argument(flag, type=type_, default=default, help=text)
+    p.add_argument("--out", default=None, help="also write the table and the command to this markdown file")
+    return p, p.parse_args()
 
 
 def read_questions(data):

@@ -26,19 +26,16 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.retriever_common import load_average, pct, read_questions, start_server, write_results  # noqa: E402
-from envs.search import default_data_dir  # noqa: E402
+from benchmarks.retriever_common import (load_average, parse_args, pct, read_questions, start_server,  # noqa: E402
+                                         write_results)
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-p.add_argument("--data", default=default_data_dir(), help="folder with corpus.jsonl.xz and hotpotqa500.jsonl.xz")
-p.add_argument("--clients", type=int, default=64, help="concurrent client threads")
-p.add_argument("--requests", type=int, default=10_000, help="requests per row, shared by the clients")
-p.add_argument("--per-connection", type=int, default=20, help="requests per connection before a client reconnects")
-p.add_argument("--backlogs", default="128", help="comma-separated server --backlog values, one row each")
-p.add_argument("--timeout", type=float, default=30.0, help="client socket timeout per request, seconds")
-p.add_argument("--max-seconds", type=float, default=300.0, help="a row stops sending after this many seconds")
-p.add_argument("--out", default=None, help="also write the table and the command to this markdown file")
-args = p.parse_args()
+p, args = parse_args(__doc__, argparse.RawDescriptionHelpFormatter, [  # and --data, --out: retriever_common.py
+    ("--clients", int, 64, "concurrent client threads"),
+    ("--requests", int, 10_000, "requests per row, shared by the clients"),
+    ("--per-connection", int, 20, "requests per connection before a client reconnects"),
+    ("--backlogs", str, "128", "comma-separated server --backlog values, one row each"),
+    ("--timeout", float, 30.0, "client socket timeout per request, seconds"),
+    ("--max-seconds", float, 300.0, "a row stops sending after this many seconds")])
 for name in ("clients", "requests", "per_connection"):
     if getattr(args, name) < 1:
         p.error(f"--{name.replace('_', '-')} must be 1 or more")

@@ -3,7 +3,7 @@
     python benchmarks/rollout.py                  # Qwen2.5-1.5B shape (random weights), 128 x (1,200 + 256)
     VLLM_USE_V2_MODEL_RUNNER=0 python benchmarks/rollout.py --skip-hf   # vLLM's V1 model runner instead
     python benchmarks/rollout.py --skip-hf --prompts 16 --new-tokens 512 --repeats 3   # seed_rl.py's batch per engine
-    python benchmarks/rollout.py --config tiny --prompts 4 --prompt-len 32 --new-tokens 8 --hf-prompts 4   # CPU
+    python benchmarks/rollout.py --config tiny --prompts 4 --prompt-len 32 --new-tokens 8 --hf-prompts 4 --skip-vllm  # CPU
 
   standalone        vllm.LLM.generate on the 128 prompts (token ids), SamplingParams(temperature 1, max 256
                     tokens, ignore_eos): the reference

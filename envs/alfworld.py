@@ -24,7 +24,8 @@ import random
 import re
 import sys
 
-from prompts.agent import action_to_execute, parse_action, recent_steps, skill_block  # noqa: F401  (interface names)
+from prompts.agent import action_to_execute, parse_action  # noqa: F401  (interface names)
+from prompts.agent import admissible_actions, closing_instruction, recent_steps, skill_block
 
 NAME = "alfworld"
 # docs/paper.md, Per-env settings, ALFWorld column (+ Stage 1 and evaluation). Every script's defaults come from here.
@@ -299,26 +300,16 @@ def make_game(task):
 # is one user message:
 #   step 1      role, current observation, admissible actions, closing instruction
 #   step t > 1  role + task line, steps taken so far, the last k (observation, action) pairs, current step
-#               number and observation (prompts/agent.py `recent_steps`, shared with WebShop), admissible
-#               actions, closing instruction
+#               number and observation, admissible actions, closing instruction
+# (the history, the admissible actions and the closing instruction: prompts/agent.py, shared with WebShop)
 # The skill-aware "teacher" prompt of Stage 2 is the same prompt with an episode-skill block inserted right
 # after the task line (at step 1 that line is inside the observation, as in the public code's
 # seed/prompting.py; an observation without one gets the block before the closing instruction).
 # Both prompts are built by the one function below, so they differ by exactly that block.
 
 ROLE = "You are an expert agent operating in the ALFRED embodied environment."
-
+CLOSING = closing_instruction("act", "exactly one admissible action for this step")
 TASK_LINE_RE = re.compile(r"^.*Your task is to:.*$", re.MULTILINE)
-CLOSING = (
-    "Now it is your turn to act. First reason step by step about the current situation; this reasoning "
-    "MUST be enclosed in <think> </think> tags. Then choose exactly one admissible action for this step "
-    "and give it inside <action> </action> tags."
-)
-
-
-def quote_actions(admissible):
-    """One quoted action per line, as the paper's public code lists them (env_manager.py build_text_obs)."""
-    return "\n ".join(f"'{a}'" for a in admissible)
 
 
 def build_agent_prompt(observation, admissible, *, step, task=None, history=(), skill=None):
@@ -328,22 +319,15 @@ def build_agent_prompt(observation, admissible, *, step, task=None, history=(), 
     recent earlier steps that fit (oldest first; the caller chooses how many). skill: None for the plain
     prompt, a string for the skill-augmented teacher prompt.
     """
-    actions = quote_actions(admissible)
+    actions = admissible_actions(admissible, bracket_lines=False)  # one quoted action per line, inside [...]
     block = skill_block(skill) if skill else ""
     if step == 1:  # the task line is inside the first observation: the block goes right after it, if it is there
         current = f"Your current observation is: {observation}\n"
         task_line = TASK_LINE_RE.search(current)
         if block and task_line:
             current, block = current[:task_line.end() + 1] + block + current[task_line.end() + 1:], ""
-        return (f"{ROLE}\n"
-                f"{current}"
-                f"Your admissible actions in the current situation are: [{actions}].\n\n"
-                f"{block}{CLOSING}")
-    return (f"{ROLE} Your task is to: {task}\n"
-            f"{block}"
-            f"{recent_steps(history, step, observation)}"
-            f"Your admissible actions in the current situation are: [{actions}].\n\n"
-            f"{CLOSING}")
+        return f"{ROLE}\n{current}{actions}{block}{CLOSING}"
+    return f"{ROLE} Your task is to: {task}\n{block}{recent_steps(history, step, observation)}{actions}{CLOSING}"
 
 
 def build_prompt(task, observation, admissible, step, history, skill=None):

@@ -1,5 +1,6 @@
-"""What every env's agent prompt shares: the episode-skill block, and the tag-based action parser of the
-envs whose agent answers `<think>...</think><action>...</action>` (ALFWorld, WebShop).
+"""What every env's agent prompt shares: the episode-skill block, and for the envs whose agent answers
+`<think>...</think><action>...</action>` (ALFWorld, WebShop) the pieces of their step prompt (the history, the
+admissible actions, the closing instruction) and the tag-based action parser.
 
 Each env module builds its own step prompt (envs/alfworld.py: `build_agent_prompt`) and inserts
 `skill_block(skill)` at its skill insertion point, so the plain and the skill-aware "teacher" prompt of Stage 2
@@ -25,6 +26,25 @@ def recent_steps(history, step, observation):
     return (f"Before this step you have already taken {step - 1} step(s). Below are the most recent {k} "
             f"observations and the action you took after each:\n{pairs}\n"
             f"You are now at step {step} and your current observation is: {observation}\n")
+
+
+def admissible_actions(admissible, *, bracket_lines):
+    """The admissible actions of ALFWorld's and WebShop's step prompt, each quoted, then a blank line. Each env
+    lays the list out as its public code does (env_manager.py build_text_obs): ALFWorld joins the actions with
+    a newline and a space inside [...] (bracket_lines=False), WebShop puts '[' and ']' on lines of their own and
+    a comma after every action (bracket_lines=True)."""
+    intro = "Your admissible actions in the current situation are:"
+    if bracket_lines:
+        return intro + "\n[\n" + "\n".join(f"'{a}'," for a in admissible) + "\n].\n\n"
+    return intro + " [" + "\n ".join(f"'{a}'" for a in admissible) + "].\n\n"
+
+
+def closing_instruction(turn, choice, weigh=""):
+    """The last sentences of ALFWorld's and WebShop's step prompt: reason in think tags, then give the action in
+    action tags (what `parse_action` below checks). Each env words `turn`, `choice` and `weigh` for its task."""
+    return (f"Now it is your turn to {turn}. First reason step by step about the current situation{weigh}; this "
+            f"reasoning MUST be enclosed in <think> </think> tags. Then choose {choice} and give it inside "
+            "<action> </action> tags.")
 
 
 # ----------------------------------------------------------------------------------------------------

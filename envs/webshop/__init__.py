@@ -222,15 +222,8 @@ def make_game(task):
 # The prompt
 
 ROLE = "You are an expert autonomous agent operating in the WebShop e-commerce environment."
-CLOSING = (
-    "Now it is your turn to take one action for the current step. First reason step by step about the current "
-    "situation and which admissible action best advances the shopping goal; this reasoning MUST be enclosed in "
-    "<think> </think> tags. Then choose one admissible action and give it inside <action> </action> tags."
-)
-
-
-def quote_actions(admissible):
-    return "\n".join(f"'{a}'," for a in admissible)
+CLOSING = agent.closing_instruction("take one action for the current step", "one admissible action",
+                                    weigh=" and which admissible action best advances the shopping goal")
 
 
 def build_prompt(task, observation, admissible, step, history, skill=None):
@@ -239,8 +232,7 @@ def build_prompt(task, observation, admissible, step, history, skill=None):
     the task line; plain and skill prompts differ by exactly that block."""
     block = agent.skill_block(skill) if skill else ""
     head = f"{ROLE}\nYour task is to: {task}\n{block}"
-    tail = (f"Your admissible actions in the current situation are:\n[\n{quote_actions(admissible)}\n].\n\n"
-            f"{CLOSING}")
+    tail = agent.admissible_actions(admissible, bracket_lines=True) + CLOSING  # '[' and ']' on lines of their own
     if step == 1 or not history:
         return f"{head}Your current observation is: {observation}\n{tail}"
     return head + agent.recent_steps([(h["observation"], h["executed"]) for h in history], step, observation) + tail
