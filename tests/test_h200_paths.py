@@ -70,7 +70,8 @@ def read(path):
 
 def test_h200_parts_build_their_jobs_through_commands_py(tmp_path):
     """Fast: what h200.sh's parts L and Q start, and the flags that say what each job is."""
-    bc = h200("L", tmp_path / "bc", START="bc", PROBE="1", BC_DATA="/x/expert.jsonl", BUDGET="400", KV_GIB="4")
+    bc = h200("L", tmp_path / "bc", START="bc", PROBE="1", BC_DATA="/x/expert.jsonl", BUDGET="400", KV_GIB="4",
+              PACKING="off", SEED_RL_ARGS="--mini-batch 32 --micro-batch 8")
     assert [n for n, _ in bc] == ["probe", "bc-sft", "learning"]
     probe, sft, learn = (c for _, c in bc)
     assert flag(probe, "--probe-action") == "admissible" and flag(probe, "--max-steps") == "1"
@@ -80,6 +81,7 @@ def test_h200_parts_build_their_jobs_through_commands_py(tmp_path):
     assert flag(learn, "--model") == flag(sft, "--out")  # START=bc: both arms start from the SFT
     assert flag(learn, "--env") == "alfworld" and "--detach" in learn and flag(learn, "--eval-limit") == "12"
     assert flag(learn, "--kv-cache-gib") == "4.0"  # KV_GIB: fixed KV caches, engine starts stop no other job
+    assert "--seed-rl-args=--packing off --mini-batch 32 --micro-batch 8" in learn  # PACKING and SEED_RL_ARGS, one arg
     search = h200("L", tmp_path / "search", ENV="search", BUDGET="400")
     assert [n for n, _ in search] == ["retriever", "learning"]
     assert "--env-args=--retriever-url http://127.0.0.1:8000/retrieve" in search[1][1]

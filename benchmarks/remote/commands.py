@@ -84,7 +84,8 @@ def learning(a):
             + [x for f, v in opt for x in (f, str(v))]
             + ["--eval-limit", str(a.eval_limit if a.eval_limit is not None else 100 if a.env == "search" else 12),
                "--deadline-s", str(a.deadline_s), "--scratch", a.scratch, "--python", sys.executable]
-            + ([f"--seed-rl-args=--packing {a.packing}"] if a.packing else [])
+            + ([f"--seed-rl-args={' '.join(x for x in (a.packing and f'--packing {a.packing}', a.seed_rl_args) if x)}"]
+               if a.packing or a.seed_rl_args else [])
             + (["--kv-cache-gib", str(a.kv_cache_gib)] if a.kv_cache_gib else [])
             + ([f"--env-args=--retriever-url {retriever_url(a.port)}"] if a.env == "search" else [])
             + (["--detach"] if a.detach else []))
@@ -146,6 +147,7 @@ def parse_args(argv):
     s.add_argument("--deadline-s", type=float, required=True, help="what this call has left for the driver")
     s.add_argument("--scratch", required=True, help="job folders (kept on the machine between calls)")
     s.add_argument("--packing", default=None, help="seed_rl.py --packing (h200.sh: $PACKING)")
+    s.add_argument("--seed-rl-args", default="", help="more seed_rl.py flags, one string (h200.sh: $SEED_RL_ARGS)")
     s.add_argument("--kv-cache-gib", type=float, default=0.0, help="each engine's fixed KV cache: engine starts no "
                    "longer stop the other jobs (h200.sh: $KV_GIB)")
     s.add_argument("--detach", action="store_true", help="leave the jobs running at the deadline (h200.sh: DETACH=1)")

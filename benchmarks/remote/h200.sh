@@ -49,7 +49,8 @@
 #                   runs the plumbing check (seed_rl.py --probe-action look, base model) beside that SFT
 #   UPDATES TASKS STEPS LR: unset, learning.py's preset for the env (ALFWorld: 10 updates of 2 x 8, 15 steps,
 #                   lr 1e-5; Search: 10 of 8 x 8, 4 turns); EVAL_LIMIT (12 games per split; Search: 100, the whole val
-#                   split); PACKING=off|auto|... (seed_rl.py --packing); KV_GIB=4: each engine's fixed KV cache (GiB),
+#                   split); PACKING=off|auto|... (seed_rl.py --packing); SEED_RL_ARGS="--mini-batch 32 ...": more
+#                   seed_rl.py flags (learning.py --seed-rl-args); KV_GIB=4: each engine's fixed KV cache (GiB),
 #                   so an engine start stops no other job (learning_remote.py's gate); LEARN_ARGS: more
 #                   learning_remote.py flags (e.g. --dry-run)
 #   ENV=search      Search on the hotpot questions ($SEARCH_DATA): the retriever starts in its own process
@@ -214,6 +215,7 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
       --methods "${METHODS:-seed,grpo}" --seeds "${SEEDS:-0 1 2}" --lanes "${LANES:-2}" ${UPDATES:+--updates "$UPDATES"} \
       ${TASKS:+--tasks "$TASKS"} ${STEPS:+--steps "$STEPS"} ${LR:+--lr "$LR"} ${EVAL_LIMIT:+--eval-limit "$EVAL_LIMIT"} \
       --deadline-s "$LEFT" --scratch "$RUN/learning" ${PACKING:+--packing "$PACKING"} ${KV_GIB:+--kv-cache-gib "$KV_GIB"} \
+      ${SEED_RL_ARGS:+--seed-rl-args "$SEED_RL_ARGS"} \
       $([ "${DETACH:-1}" = 1 ] && echo --detach) -- ${LEARN_ARGS:-}
   mkdir -p "$OUT/learning" && cp results/learning/*.jsonl "$OUT/learning/"
   # logs, status and metrics of every job (no weights, no trajectories)
