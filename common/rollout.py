@@ -419,17 +419,15 @@ def play_into_jsonl(env, todo, policy, tokenizer, args, path, done_before, plann
     import sys
     from tqdm import tqdm
     from envs.pool import EnvPool
-    from common.records import append_jsonl, interrupted_message, open_jsonl_for_append
+    from common.records import append_jsonl, interrupted_message, open_jsonl_for_append, read_jsonl
     stats = {"steps": 0, "env_failures": 0, "workers_replaced": 0}
     if not todo:
         return {}, stats
     out = open_jsonl_for_append(path)
     bar = tqdm(total=len(todo), desc="episodes", unit="ep")
-    saved = []
 
     def save(ep):
         append_jsonl(out, ep)
-        saved.append(ep["uid"])
         bar.update(1)
 
     try:
@@ -439,7 +437,11 @@ def play_into_jsonl(env, todo, policy, tokenizer, args, path, done_before, plann
             stats = dict(pool.stats)
     except KeyboardInterrupt:  # the env workers ignore Ctrl-C; the pool ends them
         bar.close()
-        print(interrupted_message(len(saved), done_before + len(saved), planned, path), file=sys.stderr)
+        out.close()
+        # the count from the file itself: a Ctrl-C can land inside `save` (during its fsync, say), after the
+        # episode is written but before any counter of ours would hear of it
+        on_file = len(read_jsonl(path))
+        print(interrupted_message(on_file - done_before, on_file, planned, path), file=sys.stderr)
         sys.exit(130)
     bar.close()
     out.close()
