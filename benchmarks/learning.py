@@ -361,7 +361,7 @@ def run_child(cmd, log_path, status, status_path, phase, gate=None, ready_file=N
     with open(os.path.join(os.path.dirname(log_path), "child.pid"), "w") as f:
         f.write(str(proc.pid))
     if gate:
-        gate.reset(proc.pid)
+        gate.reset(proc.pid, phase)
     wall0, frozen0, t0 = status.get(f"{phase}_wall_s", 0.0), status.get("frozen_s", 0.0), time.time()
 
     def note():

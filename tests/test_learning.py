@@ -147,6 +147,26 @@ def test_with_a_fixed_kv_cache_engine_starts_stay_apart_but_nobody_else_stops(fa
     assert len(read(fake.res / "runs.jsonl")) == 2  # without the flag: the same runs, on file (skipped)
 
 
+def test_with_a_fixed_kv_cache_a_warm_machine_starts_engines_side_by_side(fake):
+    """Once an engine of a phase has started on the machine (a former call's job, same --scratch: vLLM's compile cache
+    is warm), later engine starts of that phase skip the gate: two new jobs start their engines at the same time and
+    neither is stopped."""
+    env = {"FAKE_VLLM": "1.5", "FAKE_SLEEP": "0.2"}
+    fake("--methods", "grpo", "--seeds", "0", "--launcher", "torchrun", "--kv-cache-gib", "2", env=env, timeout=180)
+    assert sorted(p.name for p in fake.scratch.glob("engine.warm.*")) == ["engine.warm.train"]
+    fake("--methods", "seed,grpo", "--seeds", "1", "--lanes", "2", "--launcher", "torchrun", "--kv-cache-gib", "2",
+         env=env, timeout=180)
+    runs = [r for r in read(fake.res / "runs.jsonl") if r["seed"] == 1]
+    assert len(runs) == 2 and all(r["compute"]["frozen_s"] < 0.3 for r in runs)
+    windows = []
+    for r in runs:
+        with open(os.path.join(fake.scratch, r["run_id"], "train", "beats")) as f:
+            w = [float(t) for k, t in (line.split() for line in f) if k == "W"]
+        windows.append((min(w), max(w)))
+    (a0, a1), (b0, b1) = windows
+    assert a0 < b1 and b0 < a1  # the two engine starts overlap
+
+
 def test_detach_leaves_jobs_running_for_the_next_call(fake):
     out = fake("--methods", "seed,grpo", "--seeds", "0", "--lanes", "2", "--deadline-s", "1.5", "--detach",
                env={"FAKE_SLEEP": "1.0"}).stdout

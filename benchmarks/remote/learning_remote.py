@@ -27,8 +27,10 @@ that free memory did not grow; another process waking, sleeping or allocating me
 "Error in memory profiling ... other processes sharing the same container release GPU memory"). So the runners
 share one gate: while one process starts an engine (from its first vLLM log line to "init engine ... took"),
 the other jobs' processes are stopped (SIGSTOP) and then continued. The stopped seconds are recorded (frozen_s).
-With --kv-cache-gib the engines do not profile (a fixed KV cache), so the other jobs run on while one engine starts;
-engine starts still go one at a time (the first compiles and fills vLLM's compile cache, which the others then read).
+With --kv-cache-gib the engines do not profile (a fixed KV cache), so the other jobs run on while one engine starts,
+and only the first engine start of each kind (training, evaluation) goes alone: it compiles and fills vLLM's compile
+cache on this machine; the later ones read it and start side by side (one at a time, five engine starts of 40-50 s
+each had held the last job back ~150 s: results/2026-12-05-plumbing-check-bc-start-alfworld-0.5b/).
 """
 import argparse
 import fcntl
@@ -152,13 +154,15 @@ class EngineGate:
       after   the engine is up
     A child in any state but `holds` is stopped while another runner holds the lock (its runner keeps it so).
     freeze_others=False (the jobs' engines have a fixed KV cache, --kv-cache-gib: no profiling to disturb): only a
-    child that `wants` the lock is stopped; the others run on while an engine starts."""
+    child that `wants` the lock is stopped; the others run on while an engine starts; and once an engine of the same
+    phase (train, eval) has started on this machine (a marker file: vLLM's compile cache is warm), a start skips the
+    lock altogether."""
     BEGIN = re.compile(r"^(INFO|WARNING|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d", re.M)  # vLLM's logger format
     READY = re.compile(r"init engine \(|^episodes:|\repisodes:", re.M)  # vLLM's own line; evaluate.py's bar
     TIMEOUT = 300  # seconds: a start that never says it is ready releases the gate anyway
 
     def __init__(self, scratch, name, freeze_others=True):
-        self.freeze_others = freeze_others
+        self.freeze_others, self.scratch, self.warm_path = freeze_others, scratch, None
         self.lock_path = os.path.join(scratch, "engine.lock")
         self.holder_path = self.lock_path + ".holder"
         self.registry = os.path.join(scratch, "engine.runners")
@@ -171,10 +175,11 @@ class EngineGate:
         self.state = state
         write_json(self.entry, {"root": self.root, "state": state})
 
-    def reset(self, root):
-        """A new child process: its engine start is ahead of it."""
+    def reset(self, root, phase="train"):
+        """A new child process (of the job's phase: train, eval): its engine start is ahead of it."""
         self.release()
         self.root, self.frozen_since, self.frozen_s = root, None, 0.0
+        self.warm_path = os.path.join(self.scratch, f"engine.warm.{phase}")
         self._set_state("before")
 
     def _others(self):
@@ -244,6 +249,8 @@ class EngineGate:
 
     def poll(self, log_text, ready_file=None):
         """One look at the child's log so far; stops or continues the child's process tree."""
+        if self.state == "before" and not self.freeze_others and os.path.exists(self.warm_path):
+            self._set_state("after")  # an engine of this phase started here before: the compile cache is warm
         if self.state == "before" and self.BEGIN.search(log_text):
             self._set_state("wants")
         if self.state == "wants" and self._try_take():
@@ -252,6 +259,8 @@ class EngineGate:
                                       or time.time() - self.since > self.TIMEOUT):
             self._set_state("after")
             self.release()
+            if self.READY.search(log_text):
+                open(self.warm_path, "w").close()
         self._stop(self.state == "wants" or (self.freeze_others and self.state != "holds"
                                              and self._other_holder() is not None))
 
