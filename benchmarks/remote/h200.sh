@@ -67,6 +67,12 @@
 # `python benchmarks/remote/learning_remote.py --salvage <files_at>/L.tar.gz` records what came back (a run
 # whose training finished, without its end evaluation). Put SEED_CODE_COMMIT=<the commit you send> in the
 # command: the device copy's .git can be stale, and the records keep what you name beside what git says.
+# From the warm start (2026-12-05, results/2026-12-05-plumbing-check-bc-start-alfworld-0.5b): the device install
+# took most of 2 minutes; START=bc's SFT 139 s with its load (1 epoch, 83 steps), the probe beside it; then
+# KV_GIB=3 LANES=5 (the start's 274-game evaluation + 4 runs): one SEED update 32.8 s, device 41-51 GiB in use,
+# the start evaluation ~1 episode/s while four runs started; engine starts one at a time took 40-50 s each
+# (since then only the first of each kind goes alone). All 274 games per evaluation is the costly part: budget
+# ~5 minutes for each, side by side.
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part. Parts L and Q have their jobs'
