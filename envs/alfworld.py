@@ -248,13 +248,14 @@ def data_manifest(seed, tasks_per_update, updates, stage1_n, args=None):
 # ----------------------------------------------------------------------------------------------------
 # One game (runs inside an EnvPool worker)
 
-def memoize_translation(maxsize=64):
+def memoize_translation(maxsize=8):
     """Translate each game's PDDL once per worker process. TextWorld builds a game's planning state twice (once when
     the game loads, again at reset) and each build runs fast-downward's PDDL -> SAS translation twice (plain and
     optimized): ~1 s of Python each, ~70% of a reset's ~3 s of CPU. The translation is a pure function of its text
     inputs and TextWorld only reads what it returns, so the same inputs share one result: a new game then translates
     twice instead of four times, and the same game again (a GRPO group's episodes share a worker) not at all.
-    tests/test_env.py plays memoized and fresh games side by side."""
+    maxsize counts translations, two per game: the last 4 games, ~11 MiB each, which is all the reuse there is (a
+    worker holds a few games of an update at a time). tests/test_env.py plays memoized and fresh games side by side."""
     import fast_downward
     if not hasattr(fast_downward.pddl2sas, "cache_info"):  # textworld calls it as fast_downward.pddl2sas(...)
         fast_downward.pddl2sas = functools.lru_cache(maxsize=maxsize)(fast_downward.pddl2sas)
