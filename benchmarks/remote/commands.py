@@ -31,6 +31,11 @@ def retriever_url(port):
     return f"http://127.0.0.1:{port}/retrieve"  # the POST endpoint (the bare host answers HTTP 404)
 
 
+def kv_flag(a):
+    """--kv-cache-gib where h200.sh's KV_GIB is set: the engine's fixed KV cache."""
+    return ["--kv-cache-gib", str(a.kv_cache_gib)] if a.kv_cache_gib else []
+
+
 def retriever(a):
     """The BM25 server over the shared corpus (Search), on loopback."""
     return [sys.executable, "-m", "envs.retriever", "--corpus", a.corpus, "--port", str(a.port),
@@ -61,7 +66,7 @@ def probe(a):
         "seed_rl.py", "--env", "alfworld", "--model", a.model, "--opd-coef", "0", "--probe-action", "admissible",
         "--max-steps", "1", "--updates", str(a.updates), "--tasks-per-update", "4", "--group-size", "8", "--lr", "1e-5",
         "--workers", str(a.workers), "--gpu-memory-utilization", "0.15", "--save-every", "0", "--dump-examples", "0",
-        "--out", a.out] + (["--kv-cache-gib", str(a.kv_cache_gib)] if a.kv_cache_gib else [])
+        "--out", a.out] + kv_flag(a)
 
 
 def bc_sft(a):
@@ -77,6 +82,7 @@ def bc_sft(a):
 def learning(a):
     """Part L's driver: benchmarks/remote/learning_remote.py for this call (settings left unset: learning.py's
     per-env preset); Search's env flag points both seed_rl.py and evaluate.py at the retriever."""
+    seed_rl_args = " ".join(x for x in ([f"--packing {a.packing}"] if a.packing else []) + [a.seed_rl_args] if x)
     opt = [(f, v) for f, v in (("--updates", a.updates), ("--tasks-per-update", a.tasks), ("--max-steps", a.steps),
                                ("--lr", a.lr)) if v is not None]
     return ([sys.executable, "benchmarks/remote/learning_remote.py", "--model", a.model, "--env", a.env,
@@ -84,9 +90,7 @@ def learning(a):
             + [x for f, v in opt for x in (f, str(v))]
             + ["--eval-limit", str(a.eval_limit if a.eval_limit is not None else 100 if a.env == "search" else 12),
                "--deadline-s", str(a.deadline_s), "--scratch", a.scratch, "--python", sys.executable]
-            + ([f"--seed-rl-args={' '.join(x for x in (a.packing and f'--packing {a.packing}', a.seed_rl_args) if x)}"]
-               if a.packing or a.seed_rl_args else [])
-            + (["--kv-cache-gib", str(a.kv_cache_gib)] if a.kv_cache_gib else [])
+            + ([f"--seed-rl-args={seed_rl_args}"] if seed_rl_args else []) + kv_flag(a)
             + ([f"--env-args=--retriever-url {retriever_url(a.port)}"] if a.env == "search" else [])
             + (["--detach"] if a.detach else []))
 

@@ -46,7 +46,7 @@
 #   START=sft       start from $RUN/sft (made here first from $SFT_DATA if missing, ~80 s) instead of the base
 #   START=bc        start from $RUN/bc, made here first if missing: sft.py --bc-data $BC_DATA --data $BC_SKILLS
 #                   (the behaviour-cloning warm start shared by both arms; .xz files are unpacked); PROBE=1
-#                   runs the plumbing check (seed_rl.py --probe-action look, base model) beside that SFT
+#                   runs the plumbing check (seed_rl.py --probe-action admissible, base model) beside that SFT
 #   UPDATES TASKS STEPS LR: unset, learning.py's preset for the env (ALFWorld: 10 updates of 2 x 8, 15 steps,
 #                   lr 1e-5; Search: 10 of 8 x 8, 4 turns); EVAL_LIMIT (12 games per split; Search: 100, the whole val
 #                   split); PACKING=off|auto|... (seed_rl.py --packing); SEED_RL_ARGS="--mini-batch 32 ...": more
@@ -202,7 +202,7 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
       # vLLM sizes its KV cache from the free memory it sees while it profiles, and fails if another process
       # allocates meanwhile (learning_remote.py's gate): the SFT starts once the probe's engine is up, unless
       # the engine's KV cache is fixed (KV_GIB: no profiling)
-      for i in $(seq 150); do [ -n "${KV_GIB:-}" ] && break
+      [ -z "${KV_GIB:-}" ] && for i in $(seq 150); do
         grep -q "init engine (" "$RUN/logs/probe.log" 2>/dev/null && break; sleep 1; done
     fi
     step bc_sft 420 $PY $CMDS bc-sft --model "$M" --bc-data "${BC_DATA%.xz}" ${BC_SKILLS:+--skills "${BC_SKILLS%.xz}"} \
