@@ -79,8 +79,8 @@ p.add_argument("--out", help="annotation JSONL (append-only)")
 p.add_argument("--analyzer", default="openai", choices=["openai", "local", "scripted"], help="openai: an OpenAI-"
                "compatible endpoint (--base-url); local: a model run here through the project's backends (--backend); "
                "scripted: no model, a rule-based stand-in (common/backends.py ScriptedAnalyzer: a success -> the action "
-               "order that worked, a failure -> a fixed avoidance rule; --model names only the tokenizer, e.g. tiny), "
-               "for CPU demos and the behaviour-cloning warm start's skill examples")
+               "order that worked, a failure -> avoidance rules from its own steps; --model names only the tokenizer, "
+               "e.g. tiny), for CPU demos and the behaviour-cloning warm start's skill examples")
 p.add_argument("--model", help="endpoint model name | local HF path or hub id | tiny")
 p.add_argument("--base-url", help="OpenAI-compatible base URL, e.g. http://host:8000/v1 (POST <base>/chat/completions)")
 p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="name of the environment variable holding the key")
@@ -202,7 +202,7 @@ if args.analyzer == "openai":
                   "--analyzer openai runs no local model")
 if args.analyzer == "scripted":
     refuse_unused(p, args, ["backend", "gpu_memory_utilization", "temperature"],
-                  "--analyzer scripted runs no model (a rule-based stand-in, always the same answer)")
+                  "--analyzer scripted runs no model (a rule-based stand-in: the same episode, the same answer)")
 
 # ---------------------------------------------------------------------------------------------------
 # Plan: every trajectory of the input files, minus those already in --out (resume by uid)

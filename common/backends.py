@@ -29,6 +29,7 @@ read it; the engines ignore it).
 import json
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -347,10 +348,84 @@ def make_policy(model, tokenizer, *, backend="hf", max_model_len, gpu_memory_uti
     return HFBackend(load_model(model, dtype=dtype, device=device, seed=seed), tokenizer)
 
 
+# The scripted analyzer's rule for each invalid_reason (prompts/agent.py and envs/search.py parse_action,
+# common/rollout.py's strict rule): what the agent must never do again.
+NEVER_AGAIN = {
+    "no_action_tags": "reply without one action inside <action> </action> tags",
+    "no_think_tags": "act without reasoning inside <think> </think> tags first",
+    "cjk": "write Chinese characters (use English only)",
+    "not_admissible": "pick an action that is not in the admissible list",
+    "no_block": "reply without exactly one <search> query </search> or <answer> answer </answer> block",
+    "both_kinds": "put a search and an answer in the same turn",
+    "several_blocks": "write more than one block in a turn",
+    "empty_block": "leave a search or answer block empty",
+}
+NOTHING_HAPPENS = ("nothing happens.",)  # an env's answer to an action that did nothing (ALFWorld's)
+
+
+def _quote(text, limit=60):
+    text = " ".join(str(text).split())
+    return "'" + (text if len(text) <= limit else text[:limit - 3].rstrip() + "...") + "'"
+
+
+def scripted_analysis(ep):
+    """(summary, skill) of an episode record, from what its analysis prompt shows: the task, each step's
+    observation, action and validity (an invalid step's reason is visible in its response), the length and
+    the outcome. So a policy trained on these answers (the warm start's skill examples) can learn to write them
+    from the prompt. A step's effect is the next step's observation; the last step's effect is not shown.
+
+    Success: the order of actions that worked. Failure: up to three rules addressed to the agent, each only
+    where the episode shows it: its invalid steps' format mistakes; the actions it repeated or that changed
+    nothing (the next observation equal to the one before, or "Nothing happens."); and how far its valid
+    steps got when the steps ended (else that no valid step changed anything)."""
+    steps, n = ep["steps"], ep["length"]
+    if ep["success"]:
+        acts = [s["action"] for s in steps if s["valid"]]
+        return (f"The agent completed the task in {n} steps.",
+                "Follow this order of actions: " + ", then ".join(acts) + ".")
+    norm = lambda t: " ".join(str(t).split())
+    task = _quote(norm(ep.get("task") or "the task").rstrip("."), 80)
+    after = [s["observation"] for s in steps[1:]] + [None]
+    noop = [a is not None and (norm(a) == norm(s["observation"]) or norm(a).lower() in NOTHING_HAPPENS)
+            for s, a in zip(steps, after)]
+    invalid = [s for s in steps if not s["valid"]]
+    reasons = Counter(s["invalid_reason"] or "invalid" for s in invalid)  # in order of first appearance
+    counts = Counter(norm(s["action"]) for s in steps if norm(s["action"]))
+    idle = {norm(s["action"]) for s, z in zip(steps, noop) if z and norm(s["action"])}
+    rules = []
+    if invalid:
+        rules.append("Never " + ", and never ".join(NEVER_AGAIN.get(r, f"repeat the {r!r} mistake") for r in reasons)
+                     + f": {len(invalid)} of {n} steps {'was' if len(invalid) == 1 else 'were'} invalid.")
+    loops = sorted((a for a in counts if counts[a] > 1 or a in idle), key=lambda a: -counts[a])[:2]
+    if loops:
+        said = [_quote(a) + (f" ({counts[a]} times" + (", nothing changed)" if a in idle else ")")
+                             if counts[a] > 1 else " (it changed nothing)") for a in loops]
+        rules.append("Never repeat " + " or ".join(said) + (": when an action changes nothing, try one you have "
+                     "not tried yet." if idle & set(loops) else ": going back over the same action wastes steps."))
+    progress = [norm(s["action"]) for s, z in zip(steps, noop) if s["valid"] and norm(s["action"]) and not z
+                and norm(s["action"]) not in idle]
+    progress = [a for i, a in enumerate(progress) if a not in progress[i + 1:]]  # each at its last time
+    n_steps = f"{n} step" + ("s" if n != 1 else "")
+    if not steps:
+        rules.append(f"Act at once on {task}: the episode ended before any step.")
+    elif progress:
+        rules.append(f"Never leave {task} unfinished: the {n_steps} ended after "
+                     + ", then ".join(map(_quote, progress[-3:])) + "; get that far without detours, then go "
+                     "straight on to finish the task.")
+    else:
+        rules.append(f"Make every step a valid action that changes something: none of the {n_steps} on {task} did.")
+    last = norm(steps[-1]["action"]) if steps else ""
+    summary = (f"The agent did not complete {task} in {n_steps}: {len(invalid)} invalid"
+               + (" (" + ", ".join(f"{r} {c}" for r, c in reasons.items()) + ")" if reasons else "")
+               + f", {sum(noop)} that changed nothing; its last action was "
+               + (_quote(last) if last else "none (no action parsed)") + ".")
+    return summary, " ".join(rules)
+
+
 class ScriptedAnalyzer(BatchBackend):
     """A rule-based stand-in for the analyzer (CPU demos and tests, where a tiny random model cannot write
-    JSON): answers the analysis prompt with a JSON skill derived from the episode itself. Success -> the
-    action sequence that worked; failure -> an avoidance rule naming the mistakes seen. Its answers go
+    JSON; and the behaviour-cloning warm start's skill examples, annotate.py --analyzer scripted): answers the
+    analysis prompt with a JSON skill derived from the episode itself (`scripted_analysis`). Its answers go
     through the same parser as a model's. contexts[i] is the episode record."""
 
     def __init__(self, tokenizer):
@@ -360,15 +435,7 @@ class ScriptedAnalyzer(BatchBackend):
                  want_logprobs=None):  # scripted: never any log-probs
         out = []
         for ep in contexts:
-            acts = [s["action"] for s in ep["steps"] if s["valid"]]
-            if ep["success"]:
-                skill = "Follow this order of actions: " + ", then ".join(acts) + "."
-                summary = f"The agent completed the task in {ep['length']} steps."
-            else:
-                bad = sorted({s["invalid_reason"] for s in ep["steps"] if not s["valid"]})
-                skill = ("Always reason inside <think> </think> tags, then give exactly one admissible action "
-                         "inside <action> </action> tags; never repeat an action that changed nothing.")
-                summary = f"The agent failed after {ep['length']} steps; invalid steps: {', '.join(bad) or 'none'}."
+            summary, skill = scripted_analysis(ep)
             text = json.dumps({"episode_summary": summary, "episode_skill": skill})
             ids = self.tok(text, add_special_tokens=False)["input_ids"]
             out.append(Generation(ids, text, "stop", None))
