@@ -3,8 +3,8 @@
 tests/data/alfworld_fingerprint.json: the expert and tiny collect.py runs of the conftest fixtures (executed
 actions, validity, returns) and the 2 seed_rl.py updates of tests/test_seed_rl.py (losses and rollout statistics;
 asserted there, on the run that file already makes). Recorded before the env interface existed (4fa96d7) and
-asserted after the move; re-recorded once, at the protocol-fidelity change that alters the fallback action (its
-"about" says so).
+asserted after the move; re-recorded at the protocol-fidelity change that alters the fallback action, and its
+seed_rl updates at the scripted analyzer's trajectory-specific failure skills (its "about" says so).
 """
 import json
 import os
