@@ -403,7 +403,7 @@ def scripted_analysis(ep):
         rules.append("Never repeat " + " or ".join(said) + (": when an action changes nothing, try one you have "
                      "not tried yet." if idle & set(loops) else ": going back over the same action wastes steps."))
     progress = [norm(s["action"]) for s, z in zip(steps, noop) if s["valid"] and norm(s["action"]) and not z
-                and norm(s["action"]) not in idle]
+                and norm(s["action"]) not in idle and norm(s["action"]) not in loops]
     progress = [a for i, a in enumerate(progress) if a not in progress[i + 1:]]  # each at its last time
     n_steps = f"{n} step" + ("s" if n != 1 else "")
     if not steps:

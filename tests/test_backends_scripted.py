@@ -51,8 +51,30 @@ def test_an_action_repeated_with_effect_is_named_without_the_no_change_warning()
     ])
     assert scripted_analysis(ep)[1] == (
         "Never repeat 'go to countertop 1' (2 times): going back over the same action wastes steps. Never leave "
-        "'put a mug in coffeemachine' unfinished: the 3 steps ended after 'go to shelf 1', then 'go to countertop 1'; "
-        "get that far without detours, then go straight on to finish the task.")
+        "'put a mug in coffeemachine' unfinished: the 3 steps ended after 'go to shelf 1'; get that far without "
+        "detours, then go straight on to finish the task.")
+
+
+def test_all_three_rules_at_once_and_a_repeated_action_is_never_called_progress():
+    """A real ALFWorld episode (train, the expert's first 2 steps, then looping; the observations shortened)."""
+    ep = episode("put a keychain in sidetable.", [
+        step("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room.", "go to dresser 1"),
+        step("You arrive at dresser 1. On the dresser 1, you see a keychain 1.", "take keychain 1 from dresser 1"),
+        step("You pick up the keychain 1 from the dresser 1.", "look"),
+        step("You are facing the dresser 1. Next to it, you see nothing.", "open drawer 1"),
+        step("Nothing happens.", "", valid=False, reason="no_action_tags"),
+        step("Nothing happens.", "open drawer 1"),
+        step("Nothing happens.", "look"),
+    ])
+    summary, skill = scripted_analysis(ep)
+    assert skill == (
+        "Never reply without one action inside <action> </action> tags: 1 of 7 steps was invalid. Never repeat "
+        "'look' (2 times) or 'open drawer 1' (2 times, nothing changed): when an action changes nothing, try one "
+        "you have not tried yet. Never leave 'put a keychain in sidetable' unfinished: the 7 steps ended after "
+        "'go to dresser 1', then 'take keychain 1 from dresser 1'; get that far without detours, then go straight "
+        "on to finish the task.")
+    assert summary == ("The agent did not complete 'put a keychain in sidetable' in 7 steps: 1 invalid "
+                       "(no_action_tags 1), 3 that changed nothing; its last action was 'look'.")
 
 
 def test_invalid_steps_give_the_format_rules_of_their_reasons():
