@@ -363,8 +363,12 @@ NEVER_AGAIN = {
 NOTHING_HAPPENS = ("nothing happens.",)  # an env's answer to an action that did nothing (ALFWorld's)
 
 
+def _norm(text):
+    return " ".join(str(text).split())  # whitespace folded, so that equal observations compare equal
+
+
 def _quote(text, limit=60):
-    text = " ".join(str(text).split())
+    text = _norm(text)
     return "'" + (text if len(text) <= limit else text[:limit - 3].rstrip() + "...") + "'"
 
 
@@ -383,7 +387,7 @@ def scripted_analysis(ep):
         acts = [s["action"] for s in steps if s["valid"]]
         return (f"The agent completed the task in {n} steps.",
                 "Follow this order of actions: " + ", then ".join(acts) + ".")
-    norm = lambda t: " ".join(str(t).split())
+    norm = _norm
     task = _quote(norm(ep.get("task") or "the task").rstrip("."), 80)
     after = [s["observation"] for s in steps[1:]] + [None]
     noop = [a is not None and (norm(a) == norm(s["observation"]) or norm(a).lower() in NOTHING_HAPPENS)
