@@ -29,6 +29,9 @@ Skills exist only here, at training time: the trained policy is deployed with th
     python seed_rl.py --env alfworld --model tiny --updates 2 --tasks-per-update 2 --group-size 4 \\
         --max-steps 4 --max-new-tokens 24 --analyzer-model scripted --out runs/demo/seed
     python -m torch.distributed.run --nproc_per_node 2 seed_rl.py ...same flags...   # 2 processes, gloo
+    # a held-out curve from the run itself: ALFWorld's 274 valid games, plain prompt, before the first update,
+    # every 25 updates and after the last (heldout.jsonl; benchmarks/learning.py --eval-in-run reads it)
+    torchrun --nproc_per_node 8 seed_rl.py --env alfworld --model runs/stage1/sft --eval-every 25 --out runs/seed
 
 Where this follows the paper's public code rather than its Algorithm 1 (docs/paper.md): the teacher is scored
 once, with the pre-update weights (Algorithm 1 re-scores it with the trainable policy; both agree at the
@@ -47,14 +50,15 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from envs import env_from_argv, env_parser, refuse_unused, require_positive
+from envs import env_from_argv, env_parser, refuse_unused, require_positive, require_split
 from common.backends import HFBackend, ScriptedAnalyzer, VLLMBackend
 from common.models import attn_implementation, load_model, load_tokenizer
 from envs.pool import EnvPool
 from common.records import (OPD_ONLY_FLAGS, append_jsonl, args_diff, check_resume, games_sha256,
                             open_jsonl_for_append, read_jsonl, resumed_manifest, run_manifest, write_manifest)
 from common.tracking import Tracker, add_log_to_arg
-from common.rollout import add_kv_cache_arg, add_rollout_args, play_episodes, rollout_kwargs, step_prompt
+from common.rollout import (add_kv_cache_arg, add_rollout_args, play_episodes, rollout_kwargs, step_prompt,
+                            summarize_episodes)
 from common.checkpoints import latest_checkpoint, save_checkpoint_dir, save_hf_checkpoint
 from common.packing import gather_response, make_batch, packed_attention, response_select
 from common.training import adamw_impl, full_params, init_distributed, print0, shard_model
@@ -300,6 +304,14 @@ def sequence(s, prompt="prompt_ids"):
     return s[prompt] + s["response_ids"], len(s[prompt]), len(s["response_ids"])
 
 
+# --eval-every: the paper's evaluation temperature (evaluate.py's default, from common/paper_results.json), the
+# flags that only matter with it on, and how many held-out episodes play at once (evaluate.py's --batch-episodes)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "common", "paper_results.json")) as _f:
+    EVAL_TEMPERATURE = json.load(_f)["settings"]["temperature"]["value"]
+EVAL_FLAGS = ["eval_splits", "eval_limit", "eval_samples", "eval_temperature", "eval_max_steps", "eval_seed"]
+EVAL_LIVE = 128
+
+
 def parse_args():
     """--env first (pre-parsed), then every flag with that env's paper preset as its default."""
     env = env_from_argv()
@@ -382,6 +394,22 @@ def parse_args():
     g.add_argument("--checkpoint-every", type=int, default=1,
                    help="checkpoint every N-th decoder layer (1 = all; 2 = half: memory the step does not need "
                         "buys back speed)")
+    g = p.add_argument_group("held-out evaluation during training (off by default; evaluate.py is the full report)")
+    g.add_argument("--eval-every", type=int, default=0, help="play the held-out tasks with the plain prompt (no "
+                   "skill: what is deployed) before the first update, every N updates and after the last, with the "
+                   "run's own engine; one row per episode in heldout.jsonl. 0: off")
+    # Search's test sets are files of evaluate.py (--test-files); its val split is held out of the train questions
+    g.add_argument("--eval-splits", default="val" if env.NAME == "search" else ",".join(P["eval_splits"]),
+                   help=f"comma-separated held-out splits ({env.NAME}: {', '.join(env.SPLITS)})")
+    g.add_argument("--eval-limit", type=int, default=P["eval_limit"] or 0, help="tasks per split, as evaluate.py "
+                   "--limit picks them (0: all, e.g. ALFWorld's 140 + 134 valid games)")
+    g.add_argument("--eval-samples", type=int, default=1, help="episodes per held-out task")
+    g.add_argument("--eval-temperature", type=float, default=EVAL_TEMPERATURE,
+                   help="sampling temperature of the held-out episodes (the paper's evaluation: 0.4)")
+    g.add_argument("--eval-max-steps", type=int, default=None, help="steps per held-out episode (default: --max-steps)")
+    g.add_argument("--eval-seed", type=int, default=0, help="the held-out subset (--eval-limit) and its sampling "
+                   "seeds, the same whatever --seed: every run and every evaluation point plays the same episodes' "
+                   "seeds, so start and end, SEED and GRPO compare task by task")
     g = p.add_argument_group("logging and checkpoints")
     g.add_argument("--seed", type=int, default=0, help="task stream, sampling and mini-batch order")
     g.add_argument("--save-every", type=int, default=10, help="trainer checkpoint + HF checkpoint every N updates "
@@ -391,7 +419,7 @@ def parse_args():
     add_log_to_arg(g)
     args = p.parse_args()
     require_positive(args, "updates", "tasks_per_update", "group_size", "max_steps", "max_new_tokens", "mini_batch",
-                     "micro_batch", "workers", "checkpoint_every")  # --save-every 0: no checkpoints (timing runs)
+                     "micro_batch", "workers", "checkpoint_every", "eval_samples", "eval_max_steps")  # --save-every 0: no checkpoints (timing runs)
     if not args.activation_checkpointing and (args.checkpoint_policy != "full" or args.checkpoint_every != 1):
         sys.exit("--checkpoint-policy/--checkpoint-every choose how layers are recomputed, and "
                  "--no-activation-checkpointing recomputes none: drop one or the other")
@@ -410,6 +438,13 @@ def parse_args():
     if args.micro_tokens > 0:
         refuse_unused(p, args, ["micro_batch"], f"with --micro-tokens {args.micro_tokens} the micro-batches are "
                       "filled by tokens, not by a count of samples")
+    if args.eval_every < 0:
+        sys.exit(f"--eval-every {args.eval_every}: expected 0 (off) or a number of updates")
+    if args.eval_every == 0:
+        refuse_unused(p, args, EVAL_FLAGS, "with --eval-every 0 there is no held-out evaluation")
+    args.eval_max_steps = args.eval_max_steps or args.max_steps
+    for split in args.eval_splits.split(","):
+        require_split(env, "--eval-splits", split.strip())
     if env.NAME == "search":
         refuse_unused(p, args, ["test_files"], "seed_rl.py trains on the search env's train split (the test files "
                       "are evaluate.py's)")
@@ -446,6 +481,9 @@ def main():
         #    episode (teacher mask 0); it still trains with GRPO.
         with tm.phase("sync"):
             sync_engine(engine, policy, run.sync_dtype)
+        if args.eval_every and update % args.eval_every == 0 and update not in run.eval_done:
+            with tm.phase("heldout"):  # the policy after `update` updates (0: the start), before this rollout
+                heldout_eval(run, args, env, update, rank, world)
         tasks = run.stream[update * args.tasks_per_update:(update + 1) * args.tasks_per_update]
         specs = [dict(tasks[g], uid=f"u{update}/g{g}/r{r}", group=g, rollout=r, seed=args.seed, update=update)
                  for g in run.my_groups for r in range(args.group_size)]
@@ -520,7 +558,7 @@ def main():
 
         # -------------------------------------------------------------------------------------------
         # 6. Log and save
-        tm["update"] = time.perf_counter() - t_update
+        tm["update"] = time.perf_counter() - t_update - tm.get("heldout", 0.0)  # the update's own cost
         metrics = update_metrics(env, args, update, dict(
             episodes=episodes, skills=skills, samples=samples, failures=len(specs) - len(episodes), totals=totals,
             grad_norms=grad_norms, skipped=skipped, time=tm, mem=mem), device, world)
@@ -532,6 +570,9 @@ def main():
         if rank == 0:
             append_jsonl(metrics_f, metrics)  # the source of truth; the tracker (--log-to) only mirrors it
             run.tracker.log(metrics)
+    if args.eval_every and args.updates not in run.eval_done:  # the end policy, whatever N divides
+        sync_engine(engine, policy, run.sync_dtype)
+        heldout_eval(run, args, env, args.updates, rank, world)
     run.pool.close()
     run.tracker.close()
     dist.barrier()
@@ -610,7 +651,9 @@ def setup(args, env, paper, rank, world, device):
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks sharing this node's CPU cores
     n_workers = args.workers or max(1, min(len(my_groups) * args.group_size, (os.cpu_count() or 2) // local_world))
     pool = EnvPool(f"envs.{env.NAME}:make_game", num_workers=n_workers)
+    eval_plan = heldout_plan(env, args) if args.eval_every else []
     return SimpleNamespace(tokenizer=tokenizer, stream=stream, manifest=manifest, old_manifest=old_manifest,
+                           eval_plan=eval_plan, eval_done=heldout_done(args.out, eval_plan),
                            policy=policy, ref=ref, optimizer=optimizer, engine=engine, analyzer=analyzer, pool=pool,
                            my_groups=my_groups, packed=packed_attn is not None, memory=memory, tracker=tracker,
                            sync_dtype=torch.bfloat16 if on_gpu else torch.float32)
@@ -816,6 +859,68 @@ def dump_examples(f, update, samples, episodes, skills, tokenizer, n):
 
 # ====================================================================================================
 # Resume and checkpoints
+
+def heldout_plan(env, args):
+    """--eval-every's episodes: evaluate.py's plan for --splits/--limit/--samples/--seed = the --eval-* flags
+    (same uids, so the same sampling seeds as `evaluate.py --seed <eval-seed>`)."""
+    plan = []
+    for split in [s.strip() for s in args.eval_splits.split(",")]:
+        games = env.eval_tasks(split, args.eval_seed, args.eval_limit or None, args)
+        if not games:
+            sys.exit(f"--eval-splits: {env.NAME} split {split!r} has no tasks; nothing to evaluate")
+        plan += [dict(g, uid=f"{g['task_id']}#s{k}", group=gi, rollout=k, sample=k, seed=args.eval_seed)
+                 for gi, g in enumerate(games) for k in range(args.eval_samples)]
+    return plan
+
+
+def heldout_done(out, plan):
+    """The evaluation points (updates) whose every episode is in heldout.jsonl: a resumed run skips them."""
+    uids, seen = {e["uid"] for e in plan}, {}
+    for r in read_jsonl(os.path.join(out, "heldout.jsonl")):
+        seen.setdefault(r["update"], set()).add(r["uid"])
+    return {u for u, done in seen.items() if uids <= done}
+
+
+def heldout_eval(run, args, env, after, rank, world):
+    """The policy after `after` updates plays the held-out tasks as evaluate.py does: plain prompt, no analysis,
+    --eval-temperature; each rank its share, on its own engine. Rank 0 appends one row per episode to
+    heldout.jsonl (the step records cut to what the summaries read) and prints one line. A point cut off midway
+    is played again on resume; only the episodes not yet on file are appended."""
+    t0 = time.perf_counter()
+    mine = split_even(run.eval_plan, world)[rank]
+    kw = dict(rollout_kwargs(args), temperature=args.eval_temperature, max_steps=args.eval_max_steps)
+    episodes, _ = play_episodes(env, mine, run.pool, run.engine, run.tokenizer, max_live=EVAL_LIVE, **kw)
+    rows = [dict({k: ep.get(k) for k in HELDOUT_KEYS}, update=after, env_stats=env.episode_stats(ep),
+                 steps=[{k: st.get(k) for k in ("valid", "admissible_action")} for st in ep["steps"]])
+            for ep in episodes]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, rows)
+    if rank != 0:
+        return
+    path = os.path.join(args.out, "heldout.jsonl")
+    on_file = {r["uid"] for r in read_jsonl(path) if r["update"] == after}
+    rows = [r for part in gathered for r in part]
+    with open_jsonl_for_append(path) as f:
+        for r in rows:
+            if r["uid"] not in on_file:
+                append_jsonl(f, r)
+    summ = summarize_episodes(rows, env)
+    splits = sorted({r["split"] for r in rows})
+    per = ", ".join(f"{s} {100 * summarize_episodes([r for r in rows if r['split'] == s], env)['All']['success']:.1f}%"
+                    for s in splits) if len(splits) > 1 else ""
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"
+    print0(f"held-out after {after} updates: success {pct(summ['All']['success'])}{f' ({per})' if per else ''} of "
+           f"{summ['All']['episodes']} episodes, invalid {pct(summ['All']['invalid_rate'])}, inadmissible "
+           f"{pct(summ['All']['inadmissible_rate'])}, length {summ['All']['length'] or 0:.1f}; "
+           f"{time.perf_counter() - t0:.0f} s")
+    run.tracker.log({"update": after, "heldout/success": summ["All"]["success"],
+                     "heldout/invalid_rate": summ["All"]["invalid_rate"]})
+
+
+# what heldout.jsonl keeps of an episode (with `update`, the env's episode_stats and the steps' validity)
+HELDOUT_KEYS = ["uid", "task_id", "split", "category", "sample", "success", "score", "return", "length", "env_failure",
+                "prompt_too_long", "truncated_responses"]
+
 
 def check_resumed_stream(old_manifest, stream, env, args):
     """A resumed run may change --updates (common/records.py RESUME_MAY_CHANGE), so its task stream may be longer

@@ -169,6 +169,10 @@ def build_parser(description=__doc__):
     g.add_argument("--eval-seed", type=int, default=0, help="evaluate.py --seed: the same tasks for every run")
     g.add_argument("--eval-max-steps", type=int, default=None, help="default: the training --max-steps")
     g.add_argument("--eval-args", default="", help="more evaluate.py flags, one string (--eval-args='...')")
+    g.add_argument("--eval-in-run", action="store_true", help="evaluate inside each seed_rl.py run (--eval-every "
+                   "UPDATES: the start and the end policy on the same held-out tasks, with the run's own engine) "
+                   "instead of evaluate.py jobs: no second engine start and no end weights per run, and every run "
+                   "pairs its own start and end; a config of its own in the report")
     g = p.add_argument_group("compute")
     g.add_argument("--gpu-util-train", type=float, default=None, help="seed_rl.py's vLLM share of the GPU "
                    "(default 0.4 with one job at a time, 0.2 side by side)")
@@ -208,6 +212,10 @@ def finish_args(p, args, need_model=True):
     if bad:
         p.error(f"--methods: unknown {bad}; known: {', '.join(METHODS)}")
     args.seeds = [int(s) for s in args.seeds.replace(" ", ",").split(",") if s.strip()]
+    if args.eval_in_run:
+        moot = [f for f, v in (("--eval-args", args.eval_args), ("--gpu-util-eval", args.gpu_util_eval)) if v]
+        if moot:
+            p.error(f"{', '.join(moot)}: evaluate.py's, and --eval-in-run runs no evaluate.py")
     return args
 
 
@@ -227,7 +235,9 @@ def make_config(args):
             "env_args": shlex.split(args.env_args),
             "eval": {"limit": args.eval_limit, "splits": args.eval_splits or EVAL_SPLITS.get(args.env),
                      "seed": args.eval_seed, "max_steps": args.eval_max_steps or args.max_steps,
-                     "max_new_tokens": args.max_new_tokens, "args": shlex.split(args.eval_args)}}
+                     "max_new_tokens": args.max_new_tokens, "args": shlex.split(args.eval_args),
+                     # only when on: the config keys (group hashes) of the records on file stay as they were
+                     **({"in_run": True} if args.eval_in_run else {})}}
 
 
 def materialize_tiny(scratch):
@@ -300,6 +310,10 @@ def train_command(args, cfg, start_model, method, seed, out, workers, lanes=1):
     extra = shlex.split(args.seed_rl_args)  # GRPO: without the analysis and OPD flags (seed_rl.py refuses them)
     if method == "grpo":
         extra = drop_flags(extra, {"--" + f.replace("_", "-") for f in OPD_ONLY_FLAGS})
+    e = cfg.get("eval") or {}
+    if e.get("in_run"):  # seed_rl.py evaluates the start (update 0) and the end (update `updates`) itself
+        cmd += ["--eval-every", str(cfg["updates"]), "--eval-limit", str(e["limit"]), "--eval-seed", str(e["seed"]),
+                "--eval-max-steps", str(e["max_steps"]), *(["--eval-splits", e["splits"]] if e["splits"] else [])]
     return cmd + METHODS[method] + extra + cfg["env_args"]
 
 
@@ -313,7 +327,7 @@ def _has_module(name):
 
 
 def plan_jobs(args, lanes=1):
-    """(config, start, group, start-eval job, run jobs): each job a dict (JSON-able: benchmarks/remote writes it
+    """(config, start, group, start-eval job (None with --eval-in-run), run jobs): each job a dict (JSON-able: benchmarks/remote writes it
     to its folder for a detached runner). lanes: how many jobs share the GPU at once (GPU shares, workers)."""
     os.makedirs(args.scratch, exist_ok=True)
     start_model = materialize_tiny(args.scratch) if args.model == "tiny" else args.model
@@ -328,8 +342,9 @@ def plan_jobs(args, lanes=1):
                   keep_checkpoints=args.keep_checkpoints, driver=[sys.executable] + sys.argv,
                   results_dir=os.path.abspath(args.results_dir))
     d = os.path.join(args.scratch, f"starteval-{eval_key}")
-    start_eval = dict(common, kind="start_eval", job_id=f"starteval-{eval_key}", eval_key=eval_key, dir=d,
-                      eval_cmd=eval_command(args, cfg, start_model, os.path.join(d, "eval"), eval_workers, lanes))
+    start_eval = None if args.eval_in_run else dict(
+        common, kind="start_eval", job_id=f"starteval-{eval_key}", eval_key=eval_key, dir=d,
+        eval_cmd=eval_command(args, cfg, start_model, os.path.join(d, "eval"), eval_workers, lanes))
     runs = []
     for seed in args.seeds:  # seed-major: the two methods of a seed finish together (the paired comparison)
         for method in args.methods:
@@ -339,8 +354,9 @@ def plan_jobs(args, lanes=1):
             runs.append(dict(common, kind="run", job_id=run_id, run_id=run_id, method=method, seed=seed, dir=d,
                              eval_key=eval_key,
                              train_cmd=train_command(args, cfg, start_model, method, seed, train_out, workers, lanes),
-                             eval_cmd=eval_command(args, cfg, os.path.join(train_out, "hf", "final"),
-                                                   os.path.join(d, "eval"), eval_workers, lanes)))
+                             eval_cmd=None if args.eval_in_run else eval_command(
+                                 args, cfg, os.path.join(train_out, "hf", "final"), os.path.join(d, "eval"),
+                                 eval_workers, lanes)))
     return cfg, start, group, start_eval, runs
 
 
@@ -395,11 +411,19 @@ def run_child(cmd, log_path, status, status_path, phase, gate=None, ready_file=N
 
 
 def train_complete(job, need_weights=True):
-    """Every update in metrics.jsonl, and (need_weights) the end weights saved for the evaluation."""
-    out = os.path.join(job["dir"], "train")
+    """Every update in metrics.jsonl, and (need_weights) the end weights saved for the evaluation, or with
+    --eval-in-run the run's end evaluation on file (the same episodes as its start's)."""
+    out, n = os.path.join(job["dir"], "train"), job["config"]["updates"]
     rows = read_jsonl(os.path.join(out, "metrics.jsonl"))
-    return (sorted(r["update"] for r in rows) == list(range(1, job["config"]["updates"] + 1))
-            and (not need_weights or os.path.isfile(os.path.join(out, "hf", "final", "config.json"))))
+    if sorted(r["update"] for r in rows) != list(range(1, n + 1)):
+        return False
+    if not need_weights:
+        return True
+    if job["config"]["eval"].get("in_run"):
+        held = read_jsonl(os.path.join(out, "heldout.jsonl"))
+        start, end = ({r["uid"] for r in held if r["update"] == u} for u in (0, n))
+        return bool(start) and start <= end
+    return os.path.isfile(os.path.join(out, "hf", "final", "config.json"))
 
 
 def error_kind(log_path):
@@ -447,8 +471,8 @@ def run_job(job, gate=None):
             return None
     if job["kind"] == "run" and not job["keep_checkpoints"]:
         shutil.rmtree(os.path.join(train_out, "checkpoint"), ignore_errors=True)  # fp32 weights + AdamW: GBs
-    results = os.path.join(jobdir, "eval", "results.json")
-    if not os.path.isfile(results) and not phase("eval", job["eval_cmd"], lambda: os.path.isfile(results)):
+    results = None if job["eval_cmd"] is None else os.path.join(jobdir, "eval", "results.json")
+    if results and not os.path.isfile(results) and not phase("eval", job["eval_cmd"], lambda: os.path.isfile(results)):
         return None
     done = job_record(job, status, train_out, results, host_cpus=os.cpu_count())
     write_json(os.path.join(jobdir, "done.json"), done)
@@ -491,6 +515,37 @@ def eval_summary(results_path):
     return out
 
 
+def heldout_summary(path, env_name, update):
+    """seed_rl.py's heldout.jsonl rows of one evaluation point -> eval_summary's shape (per split, pooled,
+    per task); None when the point is not on file."""
+    from common.rollout import summarize_episodes
+    from envs import load_env
+    env = load_env(env_name)
+    rows = {r["uid"]: r for r in read_jsonl(path) if r["update"] == update}.values()  # a replayed point: once each
+    if not rows:
+        return None
+    pct = lambda x: None if x is None else round(100.0 * x, 3)
+    out = {"splits": {}, "elapsed_s": None, "model": f"seed_rl.py policy after {update} updates"}
+    for split in sorted({r["split"] for r in rows}):
+        summ = summarize_episodes([r for r in rows if r["split"] == split], env)
+        groups = {g: pct(summ[g]["success"]) for g in env.GROUPS if summ[g]["episodes"]}
+        out["splits"][split] = {"episodes": summ["All"]["episodes"], "success": pct(summ["All"]["success"]),
+                                "avg": round(sum(groups.values()) / len(groups), 3) if groups else None,
+                                "score": pct(summ["All"]["score"]), "invalid": pct(summ["All"]["invalid_rate"]),
+                                "inadmissible": pct(summ["All"]["inadmissible_rate"]), "length": summ["All"]["length"],
+                                "per_group": groups}
+    out["all"] = {"episodes": sum(v["episodes"] for v in out["splits"].values())}
+    for k in ("success", "avg", "score", "invalid", "inadmissible", "length"):
+        vals = [(v[k], v["episodes"]) for v in out["splits"].values() if v[k] is not None]
+        w = sum(e for _, e in vals)
+        out["all"][k] = round(sum(x * e for x, e in vals) / w, 3) if w else None
+    out["per_task"] = {}
+    for r in rows:
+        if not r.get("env_failure"):
+            out["per_task"].setdefault(r["task_id"], []).append(int(bool(r["success"])))
+    return out
+
+
 def update_rows(metrics_path):
     rows = {r["update"]: r for r in read_jsonl(metrics_path)}  # a resumed run: the last line of an update counts
     out = []
@@ -516,7 +571,11 @@ def job_record(job, status, train_out, results_json, host_cpus=None):
                "attempts": status.get("attempts"), "host_cpus": host_cpus}
     common = {"group": job["group"], "env": job["env"], "config": job["config"], "start": job["start"],
               "code": job["code"], "finished": now()}
+    in_run = job["config"]["eval"].get("in_run")
     end = eval_summary(results_json) if results_json else None
+    if in_run:  # seed_rl.py's own evaluations of the start (update 0) and the end policy
+        held = os.path.join(train_out, "heldout.jsonl")
+        start, end = heldout_summary(held, job["env"], 0), heldout_summary(held, job["env"], job["config"]["updates"])
     if job["kind"] != "run":
         return dict(eval_key=job["eval_key"], **common, command=shlex.join(job["eval_cmd"]), summary=end,
                     compute=compute)
@@ -526,10 +585,11 @@ def job_record(job, status, train_out, results_json, host_cpus=None):
                    workers=int(cmd[cmd.index("--workers") + 1]),
                    gpus=(man.get("hardware") or {}).get("gpus"), packages=man.get("packages"))
     return dict(run_id=job["run_id"], method=job["method"], seed=job["seed"], **common, eval_key=job["eval_key"],
-                commands={"train": shlex.join(job["train_cmd"]), "eval_end": shlex.join(job["eval_cmd"]),
-                          "driver": shlex.join(job["driver"])},
+                commands={"train": shlex.join(job["train_cmd"]), "driver": shlex.join(job["driver"]),
+                          "eval_end": "seed_rl.py --eval-every (in the train command)" if in_run
+                          else shlex.join(job["eval_cmd"])},
                 train_manifest_git=man.get("git"), updates=update_rows(os.path.join(train_out, "metrics.jsonl")),
-                eval={"end": end}, compute=compute)
+                eval=dict(end=end, **({"start": start, "start_in_run": True} if in_run else {})), compute=compute)
 
 
 def attempt_record(job, outcome):
@@ -571,9 +631,12 @@ class Results:
 
 def add_run(done, results, se):
     """A run's record -> runs.jsonl, with its start evaluation se joined in (None: the report joins evals.jsonl
-    by eval_key later)."""
-    done["eval"]["start"] = se["summary"] if se else None
-    done["commands"]["eval_start"] = se["command"] if se else None
+    by eval_key later; --eval-in-run: the run's own, already in the record)."""
+    if done["eval"].get("start_in_run"):
+        done["commands"]["eval_start"] = "seed_rl.py --eval-every (in the train command), before update 1"
+    else:
+        done["eval"]["start"] = se["summary"] if se else None
+        done["commands"]["eval_start"] = se["command"] if se else None
     results.add("runs", done)
 
 
@@ -605,12 +668,12 @@ def main(argv=None):
     for job in runs:
         if job not in todo:
             print(f"  {job['job_id']}: finished, on file (skipped)")
-    need_start = start_eval["eval_key"] not in results.evals
+    need_start = start_eval is not None and start_eval["eval_key"] not in results.evals
     if args.dry_run:
         for job in ([start_eval] if need_start else []) + todo:
             print(f"\n{job['job_id']}")
             for k in ("train_cmd", "eval_cmd"):
-                if k in job:
+                if job.get(k):
                     print(f"  {k}: {shlex.join(job[k])}")
         return 0
     failed = 0
@@ -628,7 +691,7 @@ def main(argv=None):
         elif job["kind"] == "start_eval":
             results.add("evals", done)
         else:
-            add_run(done, results, results.evals.get(job["eval_key"]))
+            add_run(done, results, results.evals.get(job["eval_key"]))  # --eval-in-run: its own start
             print(f"[{time.time() - t0:5.0f}s] {run_summary(done)}", flush=True)
     # the report pools every record on file, this call's and earlier ones'
     import learning_report

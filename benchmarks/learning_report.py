@@ -68,11 +68,12 @@ def task_statement(who, what, ci):
                             "can be said", over="task", interval="95% bootstrap interval")
 
 
-def pooled_task_means(runs):
-    """Per held-out task, the end policies' success averaged over runs (seeds) that evaluated it."""
+def pooled_task_means(runs, which="end"):
+    """Per held-out task, the `which` (end, or a run's own start: --eval-in-run) policies' success averaged over
+    the runs (seeds) that evaluated it."""
     acc = {}
     for r in runs:
-        for t, v in task_means((r["eval"].get("end") or {}).get("per_task")).items():
+        for t, v in task_means((r["eval"].get(which) or {}).get("per_task")).items():
             acc.setdefault(t, []).append(v)
     return {t: sum(v) / len(v) for t, v in acc.items()}
 
@@ -237,19 +238,25 @@ def analyze_group(runs):
             out["train_change"][key][m] = ci
             out["statements"].append(change_statement(LABEL.get(m, m), f"training {label}, update {n_updates} minus "
                                                        "update 1 within each run", ci))
-    # ---- held-out evaluation: start (one shared evaluation) and end, pooled over splits
+    # ---- held-out evaluation: start and end, pooled over splits. The start: one shared evaluation, or with
+    # --eval-in-run each run's own (the same weights and episodes' seeds; shown as their mean), and each run's
+    # end is then compared with its own start
     starts = [r["eval"].get("start") for r in runs if r["eval"].get("start")]
+    in_run = any(r["eval"].get("start_in_run") for r in runs)
+    out["start_in_run"] = in_run
     splits = sorted({s for r in runs for s in ((r["eval"].get("end") or {}).get("splits") or {})})
     for split in ["all"] + splits:
-        ev = {"start": {k: eval_value(starts[0], k, split) if starts else None for k, _ in EVAL_KEYS}}
+        ev = {"start": {k: (mean_ci([eval_value(x, k, split) for x in starts])["mean"] if in_run
+                            else eval_value(starts[0], k, split)) if starts else None for k, _ in EVAL_KEYS}}
         for m in methods:
             ev[m] = {}
             for k, _ in EVAL_KEYS:
                 ends = {s: eval_value(r["eval"].get("end"), k, split) for s, r in by[m].items()}
-                st = ev["start"][k]
+                own = {s: eval_value(r["eval"].get("start"), k, split) if in_run else ev["start"][k]
+                       for s, r in by[m].items()}
                 ev[m][k] = {"end": mean_ci(list(ends.values())), "per_seed": ends,
-                            "end_minus_start": mean_ci([v - st for v in ends.values() if v is not None])
-                            if st is not None else mean_ci([])}
+                            "end_minus_start": mean_ci([v - own[s] for s, v in ends.items()
+                                                        if v is not None and own[s] is not None])}
         if both:
             for k, _ in EVAL_KEYS:
                 _, d = paired(ev["seed"][k]["per_seed"], ev["grpo"][k]["per_seed"])
@@ -260,7 +267,8 @@ def analyze_group(runs):
     start_tasks = task_means(starts[0].get("per_task")) if starts else {}
     out["paired_tasks"] = {}
     for m in (methods if start_tasks else []):  # records from before per-task outcomes were kept: none
-        ci = paired_bootstrap(start_tasks, pooled_task_means(by[m].values()))
+        ci = paired_bootstrap(pooled_task_means(by[m].values(), "start") if in_run else start_tasks,
+                              pooled_task_means(by[m].values()))
         out["paired_tasks"][f"{m}_end_minus_start"] = ci
         out["statements"].append(task_statement(LABEL.get(m, m), f"held-out success of the end policies (mean over "
                                                 f"{len(by[m])} seeds) minus the start, paired by task", ci))
@@ -428,6 +436,9 @@ def group_markdown(g, figs):
             md.append(f"| {u} | " + " | ".join(fmt_ci(g["curves"][k]["seed"][i]) for k, _ in keys) + " |")
         md.append("")
     md += ["### Held-out evaluation (plain prompt, no skill)", ""]
+    if g.get("start_in_run"):
+        md += ["Evaluated inside each run (`seed_rl.py --eval-every`): \"start\" is the mean of the runs' own start "
+               "evaluations, and end - start pairs each run with its own start.", ""]
     for split, ev in g["eval"].items():
         cols = (["start"] + [f"{LABEL.get(m, m)} end" for m in g["methods"]]
                 + [f"{LABEL.get(m, m)} end - start" for m in g["methods"]]

@@ -141,7 +141,7 @@ SEED_RL_GENERIC = {
     "out", "log_to", "max_steps", "history", "max_prompt_tokens", "max_new_tokens", "temperature", "invalid_penalty",
     # the plain-vs-skill dumps: with --opd-coef 0 there are none, but the matched GRPO arm of benchmarks/learning.py
     # and benchmarks/remote/h200.sh part C passes the same value as SEED's (the file is written, empty)
-    "dump_examples"}
+    "dump_examples", "eval_every"}
 SFT_GENERIC = {"model", "data", "bc_data", "out", "epochs", "lr", "max_length", "batch_size", "micro_batch",
                "warmup_ratio", "weight_decay", "grad_clip", "packing", "activation_checkpointing", "save_every",
                "save_dtype", "max_steps", "resume", "seed", "log_to"}  # the SFT loop has no env branch
@@ -178,6 +178,11 @@ SEED_RL_REFUSED = {
                       "admissible-action list")],
     "invalid_fallback": [("search", ["--invalid-fallback", "look"], "--invalid-fallback 'look': the search env runs "
                           "only search")],
+    # the held-out evaluation's settings, without --eval-every (tests/test_seed_rl.py plays them)
+    **{dest: [("alfworld", [f"--{dest.replace('_', '-')}", value], f"--{dest.replace('_', '-')}: with --eval-every 0 "
+               "there is no held-out evaluation")]
+       for dest, value in [("eval_splits", "valid_seen"), ("eval_limit", "3"), ("eval_samples", "2"),
+                           ("eval_temperature", "1.0"), ("eval_max_steps", "5"), ("eval_seed", "1")]},
     **{dest: [("alfworld", ["--no-activation-checkpointing", flag, value], "--checkpoint-policy/--checkpoint-every "
                "choose how layers are recomputed, and --no-activation-checkpointing recomputes none")]
        for dest, flag, value in [("checkpoint_policy", "--checkpoint-policy", "selective"),

@@ -222,6 +222,35 @@ def test_salvage_records_what_a_lost_machine_brought_back(fake, tmp_path):
         assert p.returncode == 1 and said in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.parametrize("script", [PLAIN, REMOTE])
+def test_eval_in_run_records_each_runs_own_start_and_end_and_runs_no_evaluate(fake, script):
+    """--eval-in-run: seed_rl.py gets --eval-every <updates>; no evaluate.py job (no start evaluation, no eval
+    phase); each record holds its run's own start and end (from heldout.jsonl), and the report pairs them."""
+    out = fake("--methods", "seed,grpo", "--seeds", "0,1", "--eval-in-run", "--eval-limit", "2",
+               script=script).stdout
+    runs = read(fake.res / "runs.jsonl")
+    assert len(runs) == 4 and read(fake.res / "evals.jsonl") == [] and "starteval" not in out
+    for r in runs:
+        assert "--eval-every 3 --eval-limit 2" in r["commands"]["train"] and r["eval"]["start_in_run"]
+        assert r["eval"]["start"]["all"]["success"] == 50.0 * r["seed"] and r["eval"]["end"]["all"]["success"] == 50.0
+        assert r["eval"]["end"]["per_task"]["valid_seen/t0"] == [1] and r["config"]["eval"]["in_run"]
+        assert not (fake.scratch / r["run_id"] / "eval").exists()
+    run_script(["benchmarks/learning_report.py", "--results-dir", str(fake.res)])
+    rep = json.loads((fake.res / "report" / "report.json").read_text())
+    (g,) = rep["groups"]
+    # each run against its own start: seed 0 +50, seed 1 0 points
+    assert g["start_in_run"] and g["eval"]["all"]["grpo"]["success"]["end_minus_start"]["mean"] == 25.0
+    # per task, the ends' mean minus the starts' mean: t0 0 -> 1 (+100), t1 0.5 -> 0 (-50), in both splits
+    assert g["paired_tasks"]["seed_end_minus_start"]["mean"] == 25.0
+    again = fake("--methods", "seed,grpo", "--seeds", "0,1", "--eval-in-run", "--eval-limit", "2", script=script)
+    assert again.stdout.count("finished, on file (skipped)") == 4
+
+
+def test_eval_in_run_refuses_evaluate_flags(fake):
+    res = fake("--eval-in-run", "--eval-args", "--samples 2", script=PLAIN, check=False)
+    assert res.returncode != 0 and "--eval-args: evaluate.py's, and --eval-in-run runs no evaluate.py" in res.stderr
+
+
 def test_math_flags_keep_only_what_changes_the_result():
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     import learning

@@ -147,3 +147,33 @@ def test_a_resume_may_change_updates_but_not_the_tasks_nor_the_warm_up(tmp_path)
     with pytest.raises(SystemExit, match="moves the lr warm-up"):
         check_resumed_stream(warm, alfworld.rl_tasks(0, 10), alfworld,
                              argparse.Namespace(**dict(flags, updates=5, warmup_ratio=0.5)))
+
+
+def heldout(out):
+    with open(os.path.join(out, "heldout.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.slow  # ~100 s on 2 idle cores: 2 processes play 1 update + 2 evaluation points, then a resume 1 + 1
+def test_heldout_eval_in_two_processes_changes_no_update_and_resumes_without_duplicates(one_process, tmp_path):
+    """--eval-every 1: the start and every later policy play the same held-out episodes (evaluate.py's uids), split
+    over the ranks and gathered into one heldout.jsonl; playing them changes nothing in training (update 1 equals
+    the run without evaluation); a resume with more updates plays only the points not on file."""
+    from envs import alfworld
+    out = str(tmp_path / "heldout")
+    ev = ["--eval-every", "1", "--eval-splits", "valid_seen", "--eval-limit", "3"]
+    run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "seed_rl.py",
+                *[f if f != "2" or FLAGS[i - 1] != "--updates" else "1" for i, f in enumerate(FLAGS)], *ev,
+                "--out", out], timeout=900)
+    rows = heldout(out)
+    want = {f"{g['task_id']}#s0" for g in alfworld.eval_tasks("valid_seen", 0, 3)}
+    for u in (0, 1):
+        assert {r["uid"] for r in rows if r["update"] == u} == want
+    assert len(rows) == 6 and all(len(r["steps"]) == r["length"] <= 2 for r in rows)
+    (m,) = metrics(out)
+    assert m["time/heldout"] > 0 and close(m, metrics(one_process)[0])  # rank 1 played its share too
+    res = run_script(["seed_rl.py", *FLAGS, *ev, "--out", out], timeout=900)  # --updates 2: one more update
+    assert "held-out after 0 updates" not in res.stdout and "held-out after 2 updates" in res.stdout
+    rows = heldout(out)
+    assert len(rows) == 9 and len({(r["update"], r["uid"]) for r in rows}) == 9
+    assert [r["update"] for r in metrics(out)] == [1, 2]

@@ -52,7 +52,8 @@
 #                   split); PACKING=off|auto|... (seed_rl.py --packing); SEED_RL_ARGS="--mini-batch 32 ...": more
 #                   seed_rl.py flags (learning.py --seed-rl-args); KV_GIB=4: each engine's fixed KV cache (GiB),
 #                   so an engine start stops no other job (learning_remote.py's gate); LEARN_ARGS: more
-#                   learning_remote.py flags (e.g. --dry-run)
+#                   learning_remote.py flags (e.g. --dry-run; --eval-in-run: each seed_rl.py run evaluates its
+#                   own start and end, no evaluate.py jobs, no separate start evaluation, one engine start per run)
 #   ENV=search      Search on the hotpot questions ($SEARCH_DATA): the retriever starts in its own process
 #                   session on 127.0.0.1:8000 (kept for the next call), the held-out questions are the val split
 # Sizing, measured in the fifth to seventh sessions (results/2026-12-03-rollout-async-trainer-profile,

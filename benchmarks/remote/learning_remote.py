@@ -281,7 +281,7 @@ def runner(jobdir):
     """--job DIR: one job in its own process session (learning.py's run_job under the gate). A SIGTERM (the
     driver's kill_job) ends the child's tree first, continued if the gate had stopped it."""
     job = read_json(os.path.join(jobdir, "job.json"))
-    fixed_kv = "--kv-cache-gib" in job.get("train_cmd", []) + job["eval_cmd"]  # no profiling: nothing to protect
+    fixed_kv = "--kv-cache-gib" in job.get("train_cmd", []) + (job["eval_cmd"] or [])  # no profiling: nothing to protect
     gate = EngineGate(os.path.dirname(jobdir.rstrip("/")), job["job_id"], freeze_others=not fixed_kv)
 
     def on_term(signum, frame):
@@ -361,16 +361,17 @@ def estimate(job, results, lanes):
     """Seconds a job will take: the median of finished runs of the same group and method, else EST."""
     if job["kind"] == "start_eval":
         return EST["startup"] * 0.5 + EST["eval"]
-    same = [r["compute"]["train_wall_s"] + r["compute"]["eval_wall_s"] for r in read_jsonl(results.path["runs"])
+    same = [r["compute"]["train_wall_s"] + (r["compute"]["eval_wall_s"] or 0) for r in read_jsonl(results.path["runs"])
             if r["group"] == job["group"] and r["method"] == job["method"] and r["compute"]["lanes"] == lanes
-            and r["compute"]["eval_wall_s"] is not None]  # a salvaged run has no end evaluation
+            and r["eval"].get("end")]  # a salvaged run has no end evaluation
     if same:
         return statistics.median(same)
     c = job["config"]
     scale = (c["tasks_per_update"] * c["group_size"] / 16 * c["max_steps"] / 15
              * (EST["lane_slowdown"] if lanes > 1 else 1))
+    evals = 2 if c["eval"].get("in_run") else 1  # in the run: its start and its end, with no engine start of their own
     return (EST["startup"] + c["updates"] * EST["per_update"][job["method"]] * scale + EST["save"]
-            + EST["eval"] * (EST["lane_slowdown"] if lanes > 1 else 1))
+            + evals * EST["eval"] * (EST["lane_slowdown"] if lanes > 1 else 1))
 
 
 def collect(job, results, start_eval_job, wait_for_start=False):
@@ -381,6 +382,9 @@ def collect(job, results, start_eval_job, wait_for_start=False):
         return "not done"
     if job["kind"] == "start_eval":
         results.add("evals", done)
+        return "on file"
+    if start_eval_job is None:  # --eval-in-run: the record holds the run's own start evaluation
+        add_run(done, results, None)
         return "on file"
     se = results.evals.get(job["eval_key"]) or read_json(os.path.join(start_eval_job["dir"], "done.json"))
     if se is None and wait_for_start:
@@ -410,7 +414,8 @@ def drive(args):
           f"{cfg['max_steps']} steps, lr {cfg['lr']}; lanes {args.lanes}; results in {results.folder}", flush=True)
     # ---- what is on file, or finished in the scratch folder by a former call, is not run again
     todo = []
-    if start_eval["eval_key"] not in results.ids["evals"] and collect(start_eval, results, start_eval) != "on file":
+    if (start_eval is not None and start_eval["eval_key"] not in results.ids["evals"]
+            and collect(start_eval, results, start_eval) != "on file"):
         todo.append(start_eval)
     for job in runs:
         if job["run_id"] in results.ids["runs"] or collect(job, results, start_eval) == "on file":
@@ -421,7 +426,7 @@ def drive(args):
         for job in todo:
             print(f"\n{job['job_id']} (estimate {estimate(job, results, args.lanes):.0f} s)")
             for k in ("train_cmd", "eval_cmd"):
-                if k in job:
+                if job.get(k):
                     print(f"  {k}: {shlex.join(job[k])}")
         return 0
     # ---- attach to the jobs a former call left running (--detach); queue the rest
@@ -450,7 +455,7 @@ def drive(args):
                 st = read_json(os.path.join(job["dir"], "status.json"), {})
                 print(f"{stamp()} {jid}: FAILED in {st.get('failed_phase')} (rc {st.get('rc')}, "
                       f"{st.get('error_kind') or 'see the logs in ' + job['dir']})", flush=True)
-        start_pending = start_eval["job_id"] in running or start_eval in queue
+        start_pending = start_eval is not None and (start_eval["job_id"] in running or start_eval in queue)
         for job in list(waiting):
             if collect(job, results, start_eval, wait_for_start=start_pending) == "on file":
                 waiting.remove(job)

@@ -3,6 +3,8 @@ benchmarks/learning.py reads, seed_manifest.json, hf/final), no model. Env knobs
   FAKE_VLLM=S   print a vLLM-style log line, then a "profiling window" of S seconds writing W beats, then
                 vLLM's "init engine ... took" line (what the engine gate watches)
   FAKE_SLEEP=S  seconds per update, writing R beats (so a test can see when this process was running)
+--eval-every N writes heldout.jsonl (2 tasks per split: at the end the first is won; at the start, with --seed 1,
+the second; else none).
 An env-worker stand-in (its argv holds "envs.pool", as `python -m envs.pool ...` does) writes E beats all along."""
 import argparse
 import json
@@ -17,8 +19,9 @@ for f in ("--env", "--model", "--lr", "--gpu-memory-utilization", "--kv-cache-gi
           "--max-new-tokens"):
     p.add_argument(f)
 for f in ("--updates", "--tasks-per-update", "--group-size", "--max-steps", "--seed", "--workers", "--save-every",
-          "--dump-examples"):
+          "--dump-examples", "--eval-every", "--eval-limit", "--eval-seed", "--eval-max-steps"):
     p.add_argument(f, type=int)
+p.add_argument("--eval-splits", default="valid_seen,valid_unseen")
 p.add_argument("--opd-coef", type=float, default=0.01)
 p.add_argument("--out")
 a = p.parse_args()
@@ -57,6 +60,16 @@ with open(os.path.join(a.out, "metrics.jsonl"), "a") as f:
                             "time/update": 1.0}) + "\n")
         f.flush()
         print(f"update {u}/{a.updates}", flush=True)
+if a.eval_every:  # heldout.jsonl: 2 tasks per split, at update 0, every N and after the last; the end does better
+    with open(os.path.join(a.out, "heldout.jsonl"), "a") as f:
+        for u in sorted({*range(0, a.updates, a.eval_every), a.updates}):
+            for split in a.eval_splits.split(","):
+                for k in range(2):
+                    won = (k == 0 and u == a.updates) or (k == 1 and u == 0 and a.seed == 1)
+                    f.write(json.dumps({"uid": f"{split}/t{k}#s0", "task_id": f"{split}/t{k}", "split": split,
+                                        "category": "Pick", "success": won, "score": float(won), "length": 2,
+                                        "env_failure": None, "update": u,
+                                        "steps": [{"valid": True, "admissible_action": True}] * 2}) + "\n")
 worker.kill()
 os.makedirs(os.path.join(a.out, "hf", "final"), exist_ok=True)
 with open(os.path.join(a.out, "hf", "final", "config.json"), "w") as f:
