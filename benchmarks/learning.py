@@ -167,6 +167,8 @@ def build_parser(description=__doc__):
     g.add_argument("--eval-splits", default=None, help="evaluate.py --splits (default: ALFWorld valid_seen,"
                    "valid_unseen; Search val)")
     g.add_argument("--eval-seed", type=int, default=0, help="evaluate.py --seed: the same tasks for every run")
+    g.add_argument("--eval-samples", type=int, default=1, help="evaluate.py --samples: episodes per held-out task "
+                   "(several: the paired comparison by task averages over sampling noise)")
     g.add_argument("--eval-max-steps", type=int, default=None, help="default: the training --max-steps")
     g.add_argument("--eval-args", default="", help="more evaluate.py flags, one string (--eval-args='...')")
     g.add_argument("--eval-in-run", action="store_true", help="evaluate inside each seed_rl.py run (--eval-every "
@@ -236,8 +238,9 @@ def make_config(args):
             "eval": {"limit": args.eval_limit, "splits": args.eval_splits or EVAL_SPLITS.get(args.env),
                      "seed": args.eval_seed, "max_steps": args.eval_max_steps or args.max_steps,
                      "max_new_tokens": args.max_new_tokens, "args": shlex.split(args.eval_args),
-                     # only when on: the config keys (group hashes) of the records on file stay as they were
-                     **({"in_run": True} if args.eval_in_run else {})}}
+                     # only when not the default: the config keys (group hashes) of the records on file stay
+                     **({"in_run": True} if args.eval_in_run else {}),
+                     **({"samples": args.eval_samples} if args.eval_samples != 1 else {})}}
 
 
 def materialize_tiny(scratch):
@@ -283,6 +286,7 @@ def eval_command(args, cfg, model, out, workers, lanes=1):
     cmd = [args.python, args.evaluate_script, "--env", cfg["env"], "--model", model,
            *(["--limit", str(e["limit"])] if e["limit"] else []),  # 0: every task of the splits
            "--seed", str(e["seed"]), "--max-steps", str(e["max_steps"]), "--workers", str(workers),
+           "--samples", str(e.get("samples", 1)),
            "--backend", backend, "--out", out]
     if backend == "vllm":
         cmd += ["--gpu-memory-utilization", str(util)] + kv_cache_flag(args)
@@ -313,7 +317,8 @@ def train_command(args, cfg, start_model, method, seed, out, workers, lanes=1):
     e = cfg.get("eval") or {}
     if e.get("in_run"):  # seed_rl.py evaluates the start (update 0) and the end (update `updates`) itself
         cmd += ["--eval-every", str(cfg["updates"]), "--eval-limit", str(e["limit"]), "--eval-seed", str(e["seed"]),
-                "--eval-max-steps", str(e["max_steps"]), *(["--eval-splits", e["splits"]] if e["splits"] else [])]
+                "--eval-max-steps", str(e["max_steps"]), "--eval-samples", str(e.get("samples", 1)),
+                *(["--eval-splits", e["splits"]] if e["splits"] else [])]
     return cmd + METHODS[method] + extra + cfg["env_args"]
 
 

@@ -6,7 +6,7 @@ import os
 
 p = argparse.ArgumentParser()
 for f in ("--env", "--model", "--limit", "--seed", "--max-steps", "--workers", "--backend", "--out", "--splits",
-          "--gpu-memory-utilization", "--kv-cache-gib", "--max-new-tokens"):
+          "--gpu-memory-utilization", "--kv-cache-gib", "--max-new-tokens", "--samples"):
     p.add_argument(f)
 a = p.parse_args()
 invalid = 40.0 if "hf/final" in a.model else 80.0

@@ -19,7 +19,7 @@ for f in ("--env", "--model", "--lr", "--gpu-memory-utilization", "--kv-cache-gi
           "--max-new-tokens"):
     p.add_argument(f)
 for f in ("--updates", "--tasks-per-update", "--group-size", "--max-steps", "--seed", "--workers", "--save-every",
-          "--dump-examples", "--eval-every", "--eval-limit", "--eval-seed", "--eval-max-steps"):
+          "--dump-examples", "--eval-every", "--eval-limit", "--eval-seed", "--eval-max-steps", "--eval-samples"):
     p.add_argument(f, type=int)
 p.add_argument("--eval-splits", default="valid_seen,valid_unseen")
 p.add_argument("--opd-coef", type=float, default=0.01)
