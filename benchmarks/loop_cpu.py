@@ -15,7 +15,9 @@ the same steps):
            processes, and waiting for them costs no CPU): the top functions by cumulative CPU time
            (profiling slows the loop down: compare items, not totals)
   prompts  every step's prompt rebuilt from the recorded episodes by `fit_prompt`, with no env and no engine
-           running: the prompt work alone, free of the noise of env workers sharing the cores
+           running: the prompt work alone, free of the noise of env workers sharing the cores; once with
+           chat_prompt (the plain path) and once with the loop's ChatPrompts (prompts/chat.py), each checked
+           against the ids the loop recorded
 The stand-in engine (`RandomAdmissible`) answers each request at once with a well-formed response: a short
 think block and an admissible action drawn with the request's seed (a random walk: episodes mostly run all
 --max-steps turns with a full history, like an untrained policy's). --policy expert uses the scripted expert
@@ -92,16 +94,17 @@ def play(args, games, tokenizer, profile=False):
     return episodes, timings, cpu, prof
 
 
-def rebuild_prompts(args, episodes, tokenizer):
-    """Every recorded step's prompt again through fit_prompt (what the loop did per step). Returns (seconds,
+def rebuild_prompts(args, episodes, tokenizer, chat=None):
+    """Every recorded step's prompt again through fit_prompt (what the loop did per step), in the loop's order
+    (steps of all episodes interleaved), with chat_prompt (chat=None) or a ChatPrompts. Returns (seconds,
     steps, prompt tokens, mismatches with the recorded ids)."""
     from common.rollout import fit_prompt
     steps = tokens = bad = 0
+    order = sorted((t, e) for e, ep in enumerate(episodes) for t in range(len(ep["steps"])))
     t0 = time.perf_counter()
-    for ep in episodes:
-        for t, st in enumerate(ep["steps"]):
-            text, ids, k = fit_prompt(tokenizer, ep, t, args.history, args.max_prompt_tokens)
-            steps, tokens, bad = steps + 1, tokens + len(ids), bad + (ids != st["prompt_ids"])
+    for t, e in order:
+        text, ids, k = fit_prompt(tokenizer, episodes[e], t, args.history, args.max_prompt_tokens, chat=chat)
+        steps, tokens, bad = steps + 1, tokens + len(ids), bad + (ids != episodes[e]["steps"][t]["prompt_ids"])
     return time.perf_counter() - t0, steps, tokens, bad
 
 
@@ -131,9 +134,12 @@ def main(argv=None):
            "parse_ms_per_step": 1e3 * timings["parse"] / max(steps, 1),
            "main_cpu_ms_per_step": 1e3 * cpu / max(steps, 1),
            "env_ms_per_step": 1e3 * (timings["env"] + timings["reset"]) / max(steps, 1)}
-    sec, n, tokens, bad = rebuild_prompts(args, episodes, tokenizer)
-    res["prompts"] = {"steps": n, "tokens": tokens, "seconds": sec, "ms_per_step": 1e3 * sec / max(n, 1),
-                      "mismatches": bad}
+    from prompts.chat import ChatPrompts
+    res["prompts"] = {}
+    for name, chat in (("chat_prompt", None), ("ChatPrompts", ChatPrompts(tokenizer))):
+        sec, n, tokens, bad = rebuild_prompts(args, episodes, tokenizer, chat)
+        res["prompts"][name] = {"steps": n, "tokens": tokens, "seconds": sec, "ms_per_step": 1e3 * sec / max(n, 1),
+                                "mismatches": bad}
     if args.top:
         p_episodes, _, _, prof = play(args, games, tokenizer, profile=True)
         res["same_episodes_under_profile"] = [[s["prompt_ids"] for s in ep["steps"]] for ep in p_episodes] == \
@@ -149,8 +155,9 @@ def main(argv=None):
               f"{100 * timings[k] / timings['wall']:>5.1f}%")
     print(f"{'wall':<10} {timings['wall']:>8.2f}")
     print(f"main thread CPU: {cpu:.2f} s ({res['main_cpu_ms_per_step']:.2f} ms/step)")
-    print(f"prompts alone (fit_prompt over the recorded steps): {res['prompts']['ms_per_step']:.2f} ms/step "
-          f"({sec:.2f} s, {bad} mismatches with the recorded ids)")
+    for name, r in res["prompts"].items():
+        print(f"prompts alone, fit_prompt with {name}: {r['ms_per_step']:.2f} ms/step ({r['seconds']:.2f} s, "
+              f"{r['mismatches']} mismatches with the recorded ids)")
     if args.top:
         print(f"\nprofile, main thread CPU, top {args.top} by cumulative time (same episodes: "
               f"{res['same_episodes_under_profile']})")

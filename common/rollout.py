@@ -44,10 +44,11 @@ evaluate.py and the summaries (E).
 | reward, done, won, score, feedback | the env's answer to the step | A E |
 """
 import collections
+import functools
 import time
 
 from envs import load_env
-from prompts.chat import chat_prompt, requires_think_tags
+from prompts.chat import ChatPrompts, chat_prompt, requires_think_tags
 
 
 def sample_seed(*parts):
@@ -67,10 +68,12 @@ def step_prompt(episode, t, k, skill=None):
     return env.build_prompt(episode["task"], obs, adm, t + 1, history, skill)
 
 
-def fit_prompt(tokenizer, episode, t, history, max_prompt_tokens, skill=None):
-    """Largest k <= history whose templated prompt fits. Returns (text, ids, k) or None if even k=0 is over."""
+def fit_prompt(tokenizer, episode, t, history, max_prompt_tokens, skill=None, chat=None):
+    """Largest k <= history whose templated prompt fits. Returns (text, ids, k) or None if even k=0 is over.
+    chat: the tokenizer's ChatPrompts (the loop's: same text and ids, less CPU), else chat_prompt."""
+    chat = chat or functools.partial(chat_prompt, tokenizer)
     for k in range(min(history, t), -1, -1):
-        text, ids = chat_prompt(tokenizer, step_prompt(episode, t, k, skill))
+        text, ids = chat(step_prompt(episode, t, k, skill))
         if len(ids) <= max_prompt_tokens:
             return text, ids, k
     return None
@@ -112,6 +115,9 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
     invalid_penalty = env.PRESET["invalid_penalty"] if invalid_penalty is None else invalid_penalty
     # Qwen3 with thinking off writes no <think> block of its own (the empty one is in the prompt): no think rule
     require_think = requires_think_tags(tokenizer)
+    # chat_prompt's text and ids with the template rendered once and each prompt line tokenized once: the
+    # engine idles while the loop builds a prompt (issue 31; benchmarks/loop_cpu.py)
+    chat = ChatPrompts(tokenizer)
     n = len(specs)
     episodes = [None] * n
     todo = collections.deque(range(n))  # episodes not started yet
@@ -184,7 +190,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
             for i in ready:
                 ep = episodes[i]
                 t = len(ep["steps"])
-                fit = fit_prompt(tokenizer, ep, t, history, max_prompt_tokens)
+                fit = fit_prompt(tokenizer, ep, t, history, max_prompt_tokens, chat=chat)
                 if fit is None:  # cannot happen with ALFWorld at 2,048 tokens; never crash on it
                     ep.update(prompt_too_long=True, done=True)
                     end(i)

@@ -40,6 +40,9 @@ renders a non-reasoning answer with an empty think block, so the target is "<thi
 think block) for that one case. Either way the loss mask is: every target token, no prompt token.
 """
 
+import json
+import re
+
 THINKING_DEFAULT = False  # the public code's Qwen3 runs: enable_thinking=False
 END_OF_TURN = "<|im_end|>"  # closes every assistant turn in the Qwen templates
 
@@ -119,3 +122,96 @@ def sft_example(tokenizer, user_text, answer, *, thinking=None, layout="template
     if tokenizer(prompt_text + target_text, add_special_tokens=False)["input_ids"] != prompt_ids + target_ids:
         raise ValueError("prompt and target tokenize differently apart than together")
     return dict(prompt_text=prompt_text, prompt_ids=prompt_ids, target_text=target_text, target_ids=target_ids)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The rollout loop's prompts, fast (issue 31): the loop builds one templated prompt per step while the engine
+# waits for it, and tokenizing a 600-2,000-token prompt is most of that work (benchmarks/loop_cpu.py).
+
+# Qwen2 / Qwen2.5 / Qwen3's pre-tokenizer split (their tokenizer.json). No piece it cuts runs across a newline
+# into a non-whitespace character, nor into one space and then a non-whitespace character: every alternative
+# that can hold a newline holds only whitespace after it, and `\s*[\r\n]+` (the first of them to match a
+# whitespace run with a newline in it) ends at the run's last newline.
+QWEN_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# after a newline, before a printable ASCII non-space character or one space and one (ALFWorld's admissible
+# actions are one per line, each after a space)
+LINE_START = re.compile(r"(?<=\n)(?= ?[!-~])")
+
+
+def lines_tokenize_apart(tokenizer):
+    """Whether this tokenizer's ids of a text are the concatenation of its ids of the text cut at LINE_START:
+    true for a fast tokenizer with no normalizer or NFC (a newline composes with nothing), Qwen's pre-tokenizer
+    split then byte-level, a BPE model (each pre-token on its own), and added tokens that neither hold a
+    newline nor strip whitespace around them (so none spans a cut). (Truncation and padding: ChatPrompts.encode
+    checks them per call.)"""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or type(backend.model).__name__ != "BPE":
+        return False
+    norm = json.loads(backend.normalizer.__getstate__()) if backend.normalizer is not None else None
+    pre = json.loads(backend.pre_tokenizer.__getstate__()) if backend.pre_tokenizer is not None else {}
+    steps = pre.get("pretokenizers") or []
+    added = backend.get_added_tokens_decoder().values()
+    return (norm in (None, {"type": "NFC"}) and pre.get("type") == "Sequence" and len(steps) == 2
+            and steps[0] == {"type": "Split", "pattern": {"Regex": QWEN_SPLIT}, "behavior": "Isolated", "invert": False}
+            and steps[1].get("type") == "ByteLevel" and not steps[1].get("use_regex")
+            and not steps[1].get("add_prefix_space")
+            and not any("\n" in a.content or a.lstrip or a.rstrip or a.single_word for a in added))
+
+
+class ChatPrompts:
+    """`chat_prompt` for one tokenizer and thinking mode, as the rollout loop calls it once per step: the same
+    text and the same token ids (tests/test_rollout.py compares them over real ALFWorld, WebShop and Search
+    prompts), for a fraction of the CPU.
+
+    text: the template is rendered once around a placeholder user message into (prefix, suffix); a user message
+      goes in between as the template puts it (verbatim). Checked with two placeholders; a template that does
+      anything else with the message is rendered per call.
+    ids: the prompt is cut at line starts (LINE_START) and each piece is tokenized once and kept: step after step
+      the fixed lines (system turn, role, closing instruction) and the history lines (each shown in up to k
+      prompts) come back, so only the new lines are tokenized. Exact only for the tokenizers of
+      `lines_tokenize_apart` (Qwen's); any other is tokenized whole per call. At most `max_pieces` pieces are
+      kept (then the memo starts over)."""
+
+    def __init__(self, tokenizer, thinking=None, max_pieces=200_000):
+        self.tok, self.thinking, self.max_pieces = tokenizer, thinking, max_pieces
+        self.kwargs = template_kwargs(tokenizer, thinking)
+        self.around = self._around()
+        self.piecewise = lines_tokenize_apart(tokenizer)
+        self.pieces = {}
+
+    def render(self, user_text):
+        return self.tok.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
+                                            add_generation_prompt=True, **self.kwargs)
+
+    def _around(self):
+        """(prefix, suffix) of the rendered template around the user message, or None if two placeholders
+        do not give the same ones (the template reads or changes the message)."""
+        found = set()
+        for mark in ("\x00user-message\x00", "<think>\n ünïcode  \n\n</tool_response>"):
+            parts = self.render(mark).split(mark)
+            if len(parts) != 2:
+                return None
+            found.add(tuple(parts))
+        return found.pop() if len(found) == 1 else None
+
+    def __call__(self, user_text):
+        """(templated text, token ids), as chat_prompt(tokenizer, user_text, thinking=...)."""
+        text = self.around[0] + user_text + self.around[1] if self.around else self.render(user_text)
+        return text, self.encode(text)
+
+    def encode(self, text):
+        backend = getattr(self.tok, "_tokenizer", None)
+        if not self.piecewise or backend.truncation or backend.padding:  # padding would pad the pieces
+            return self.tok(text, add_special_tokens=False)["input_ids"]
+        pieces = LINE_START.split(text)
+        new = [p for p in dict.fromkeys(pieces) if p not in self.pieces]
+        if len(self.pieces) + len(new) > self.max_pieces:
+            self.pieces.clear()
+            new = list(dict.fromkeys(pieces))
+        if new:  # one batch call; without offsets (encode_batch_fast, tokenizers >= 0.21) it is faster
+            encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+            self.pieces.update(zip(new, (e.ids for e in encode(new, add_special_tokens=False))))
+        ids = []
+        for p in pieces:
+            ids += self.pieces[p]
+        return ids

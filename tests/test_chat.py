@@ -8,14 +8,15 @@ depends on <think> being one token.
 """
 import json
 import os
+import random
 import shutil
 
 import pytest
 
 import prompts
 from common.models import default_tokenizer_path
-from prompts.chat import (THINKING_DEFAULT, chat_prompt, requires_think_tags, resolve_thinking, sft_example,
-                          supports_thinking, template_kwargs)
+from prompts.chat import (THINKING_DEFAULT, ChatPrompts, chat_prompt, lines_tokenize_apart, requires_think_tags,
+                          resolve_thinking, sft_example, supports_thinking, template_kwargs)
 
 QWEN25_DIR = default_tokenizer_path()  # the real Qwen2.5 tokenizer folder (../shared/assets/qwen2.5-tokenizer)
 
@@ -178,3 +179,45 @@ def test_sft_example_qwen3(qwen3, thinking, target_prefix):
 def test_sft_example_rejects_unknown_layout(qwen25):
     with pytest.raises(ValueError):
         sft_example(qwen25, "x", ANSWER, layout="other")
+
+
+# ----------------------------------------------------------------------------------------------------
+# ChatPrompts (the rollout loop's fast chat_prompt): the same text and ids on adversarial strings (real env
+# prompts: tests/test_rollout.py), and the plain path for a tokenizer it cannot cut
+
+PIECES = ["\n", "\n\n", "\r\n", " ", "  ", "\t", "a", "Go", "'s", "'S", "'", "[", "].", "1", "23", "中文", "é", "e\u0301",
+          "\u0301", "<|im_end|>", "<|im_start|>", "<think>", "</tool_response>", "🙂", "'go to desk 1'", "\n ", "\n  ",
+          " \n", "\n\t", "\u00a0", "\u2028", "-", "Your task is to: ", ">"]
+
+
+@pytest.mark.parametrize("mode", ["qwen2.5", "qwen3-off", "qwen3-on"])
+def test_chat_prompts_fuzz(qwen25, qwen3, mode):
+    tok, thinking = {"qwen2.5": (qwen25, None), "qwen3-off": (qwen3, False), "qwen3-on": (qwen3, True)}[mode]
+    fast = ChatPrompts(tok, thinking=thinking)
+    assert fast.piecewise and fast.around
+    rng = random.Random(0)
+    texts = USER_TEXTS + ["".join(rng.choice(PIECES) for _ in range(rng.randint(0, 60))) for _ in range(1500)]
+    for text in texts + texts[::-1]:  # the second pass is served from the memo
+        assert fast(text) == chat_prompt(tok, text, thinking=thinking), repr(text)
+
+
+def test_chat_prompts_memo_starts_over_when_full(qwen25):
+    fast = ChatPrompts(qwen25, max_pieces=5)
+    lines = [f"line {i}\nYour task is to: {i}\n 'look'\n" * 3 for i in range(20)]
+    for text in lines + lines:
+        assert fast(text) == chat_prompt(qwen25, text)
+        assert len(fast.pieces) <= 5 + text.count("\n") + 3
+
+
+def test_chat_prompts_plain_path_for_other_tokenizers(qwen25):
+    """A normalizer other than NFC (here: lower-casing), or truncation set on the backend: the text is tokenized
+    whole, as chat_prompt does (transformers' call lifts the truncation)."""
+    import copy
+    from tokenizers import normalizers
+    tok = copy.deepcopy(qwen25)
+    tok._tokenizer.normalizer = normalizers.Lowercase()
+    assert not lines_tokenize_apart(tok) and not ChatPrompts(tok).piecewise
+    tok = copy.deepcopy(qwen25)
+    fast = ChatPrompts(tok)
+    tok._tokenizer.enable_truncation(8)  # set after construction (the pieces would be cut): checked per call
+    assert fast(USER_TEXTS[0]) == chat_prompt(qwen25, USER_TEXTS[0])

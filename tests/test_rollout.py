@@ -226,6 +226,107 @@ def test_limit_below_the_bare_prompt_ends_the_episode(pool, games, tokenizer):
 
 
 # ----------------------------------------------------------------------------------------------------
+# The loop's fast prompts (prompts/chat.py ChatPrompts): chat_prompt's text and ids, on real prompts of every env
+
+def webshop_prompts(folder, goals=6):
+    """User messages of the WebShop expert's episodes on the synthetic catalog (envs/webshop/synthetic.py),
+    played in this process: every step, history k = 0..5, plain and with a skill."""
+    import envs.webshop as W
+    from envs.webshop.synthetic import write_catalog
+    data = write_catalog(str(folder / "catalog"), 80, seed=0)
+    out = []
+    for g in range(goals):
+        task = {"data_dir": data, "index_cache": str(folder / "index"), "goal_index": g}
+        game = W.make_game(task)
+        st = game.reset()
+        ep = dict(task, task=st["task"], steps=[], _obs=st["observation"], _admissible=st["admissible"])
+        while not st["done"] and len(ep["steps"]) < 8:
+            t = len(ep["steps"])
+            out += [W.build_prompt(ep["task"], ep["_obs"], ep["_admissible"], t + 1, ep["steps"][max(0, t - k):t],
+                                   skill) for k in range(6) for skill in (None, SKILL)]
+            action = W.expert_action(ep)
+            ep["steps"].append({"observation": ep["_obs"], "executed": action})
+            st = game.step(action)
+            ep.update(_obs=st["observation"], _admissible=st["admissible"])
+    return out
+
+
+def search_prompts(questions=20):
+    """User messages of Search steps built from the real HotpotQA questions and their real corpus passages
+    (../shared/search): first step, then 1-3 searches of history, plain and with a skill."""
+    import json
+    import lzma
+    from envs import search as S
+    d = S.default_data_dir()
+    with lzma.open(f"{d}/corpus.jsonl.xz", "rt") as f:
+        docs = {r["id"]: r for r in map(json.loads, f)}
+    with lzma.open(f"{d}/hotpotqa500.jsonl.xz", "rt") as f:
+        qs = [json.loads(line) for _, line in zip(range(questions), f)]
+    out = []
+    for q in qs:
+        ctx = [docs[i] for i in q["metadata"]["context_ids"] if i in docs]
+        hist = [{"step": j + 1, "executed": f"search[{q['question'][:40 + 10 * j]}]",
+                 "feedback": S.format_information(ctx[3 * j:3 * j + 3])} for j in range(3)]
+        out += [S.build_prompt(q["question"], "", [], t + 1, hist[:t], skill) for t in range(4) for skill in (None, SKILL)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def real_prompts(expert_run, tmp_path_factory):
+    """{env: user messages}: ALFWorld's from the expert's 12 real games (every step, k = 0..5, plain and with a
+    skill), WebShop's and Search's as above."""
+    episodes, _ = expert_run
+    alf = [step_prompt(ep, t, k, skill) for ep in episodes for t in range(len(ep["steps"])) for k in range(6)
+           for skill in (None, SKILL)]
+    return {"alfworld": alf, "webshop": webshop_prompts(tmp_path_factory.mktemp("webshop")),
+            "search": search_prompts()}
+
+
+def qwen3_style_tokenizer(folder):
+    """The real Qwen2.5 tokenizer with tests/test_chat.py's Qwen3-style chat template (thinking switch)."""
+    import os
+    import shutil
+    from transformers import AutoTokenizer
+    from common.models import default_tokenizer_path
+    from test_chat import QWEN3_STYLE_TEMPLATE
+    src = default_tokenizer_path()
+    for name in os.listdir(src):
+        shutil.copy(os.path.join(src, name), folder / name)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = QWEN3_STYLE_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+@pytest.mark.parametrize("template, thinking", [("qwen2.5", None), ("qwen3", None), ("qwen3", True),
+                                                ("qwen3", False)])
+def test_fast_chat_prompts_are_chat_prompt(real_prompts, tokenizer, tmp_path_factory, template, thinking):
+    """Byte for byte and id for id, over every prompt twice (first tokenized piece by piece, then from the
+    memo), in the order the loop builds them and shuffled."""
+    import random
+    from prompts.chat import ChatPrompts, chat_prompt, lines_tokenize_apart
+    tok = tokenizer if template == "qwen2.5" else qwen3_style_tokenizer(tmp_path_factory.mktemp("qwen3"))
+    fast = ChatPrompts(tok, thinking=thinking)
+    assert lines_tokenize_apart(tok) and fast.piecewise and fast.around  # the fast path is what is tested
+    for env_name, users in real_prompts.items():
+        assert len(users) > 100, env_name
+        want = [chat_prompt(tok, u, thinking=thinking) for u in users]
+        shuffled = random.Random(0).sample(range(len(users)), len(users))
+        for order in (range(len(users)), shuffled):
+            for i in order:
+                assert fast(users[i]) == want[i], (env_name, users[i][:200])
+    assert len(fast.pieces) > 100
+
+
+def test_the_loop_records_chat_prompt_ids(expert_run, tokenizer):
+    """What the loop recorded (its fast path) is what chat_prompt gives for the same user message."""
+    episodes, _ = expert_run
+    for ep in episodes:
+        for t, s in enumerate(ep["steps"]):
+            assert chat_prompt(tokenizer, step_prompt(ep, t, s["history_used"])) == (s["prompt"], s["prompt_ids"])
+
+
+# ----------------------------------------------------------------------------------------------------
 # The chat template and the recorded token ids (collect.py's tiny random model, real Qwen2.5 tokenizer)
 
 def test_recorded_prompt_and_response_ids_round_trip(tiny_trajectories, tokenizer):
