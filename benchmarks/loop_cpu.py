@@ -43,11 +43,22 @@ from common.backends import BatchBackend, ExpertPolicy, Generation  # noqa: E402
 
 class RandomAdmissible(BatchBackend):
     """A zero-latency engine: each response is a think block and one of the episode's admissible actions, chosen
-    by the request's seed (so the episodes are the same in every run)."""
+    by the request's seed (so the episodes are the same in every run). polls: a request is answered at its
+    polls-th poll (a vLLM engine answers after one step per response token: the loop goes round once per step)."""
 
-    def __init__(self, tokenizer):
-        self.tok, self.eos = tokenizer, tokenizer.convert_tokens_to_ids("<|im_end|>")
+    def __init__(self, tokenizer, polls=1):
+        self.tok, self.eos, self.polls, self.age = tokenizer, tokenizer.convert_tokens_to_ids("<|im_end|>"), polls, {}
         self.ids = functools.lru_cache(maxsize=None)(lambda text: self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def poll(self):
+        held = getattr(self, "_held", [])
+        for r in held:
+            self.age[r[0]] = self.age.get(r[0], 0) + 1
+        self._held = [r for r in held if self.age[r[0]] >= self.polls]  # BatchBackend.poll answers these
+        wait = [r for r in held if self.age[r[0]] < self.polls]
+        out = super().poll()
+        self._held = wait
+        return out
 
     def generate(self, prompts, *, contexts, seeds=None, **sampling):
         out = []
@@ -69,6 +80,8 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=2, help="env worker processes")
     p.add_argument("--policy", default="random", choices=["random", "expert"],
                    help="the stand-in engine: random admissible actions (long episodes) or the scripted expert")
+    p.add_argument("--polls", type=int, default=1, help="the stand-in answers a request at its polls-th poll "
+                   "(1: at once; N: the loop goes round N times per response, as with an engine step per token)")
     p.add_argument("--top", type=int, default=25, help="profile: functions listed (0: no profile run)")
     p.add_argument("--seed", type=int, default=0, help="game pick and sampling seeds")
     p.add_argument("--json", default=None, help="write the results here")
@@ -80,7 +93,7 @@ def play(args, games, tokenizer, profile=False):
     import envs.alfworld as alfworld
     from common.rollout import play_episodes
     from envs.pool import EnvPool
-    policy = RandomAdmissible(tokenizer) if args.policy == "random" else ExpertPolicy(tokenizer)
+    policy = RandomAdmissible(tokenizer, args.polls) if args.policy == "random" else ExpertPolicy(tokenizer)
     with EnvPool("envs.alfworld:make_game", num_workers=args.workers) as pool:
         prof = cProfile.Profile(time.thread_time) if profile else None  # CPU: waits cost nothing
         cpu = time.thread_time()

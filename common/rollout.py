@@ -125,6 +125,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
     slot_of, on_env = {}, {}  # episode -> its env slot while it plays; slot -> episode with a command pending
     ready, acting, stepping = [], {}, {}  # env answered: prompt due; parsed: action due; action sent: step records
     to_analyze, requests = [], {}  # ended episodes whose analysis is due; request id -> (episode, kind)
+    kinds = collections.Counter()  # requests in flight per kind, kept as they come and go (not summed per call)
     backends = [policy] + ([analyzer] if analyzer is not None and analyzer is not policy else [])
     finished = 0
     clock = Clock()
@@ -155,7 +156,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
             progress(finished, n)
 
     def generating():
-        return sum(kind == "generate" for _, kind in requests.values())
+        return kinds["generate"]
 
     def load():
         clock.load(generate=generating(), analysis=len(requests) - generating(), env=len(on_env))
@@ -198,6 +199,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
                 ep["history_truncations"] += fit[2] < min(history, t)
                 ep["_prompt"] = fit
                 requests[f"{i}/{t}"] = (i, "generate")
+                kinds["generate"] += 1
                 policy.submit(f"{i}/{t}", fit[1], max_new_tokens=max_new_tokens, temperature=temperature,
                               seed=sample_seed(ep.get("seed", 0), ep.get("uid", i), t), context=ep)
             ready = []
@@ -205,6 +207,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
         if to_analyze and not (lockstep and slot_of):
             for i, ids in to_analyze:
                 requests[f"{i}/analysis"] = (i, "analysis")
+                kinds["analysis"] += 1
                 # no log-probs: nothing uses the analysis's, and HF `generate` would keep [B, T, V] logits
                 analyzer.submit(f"{i}/analysis", ids, max_new_tokens=analysis_max_new_tokens, temperature=0.0,
                                 want_logprobs=False, context=episodes[i])
@@ -220,6 +223,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
             clock.lap("generate" if generating() else "analysis")
             for rid, g in outs:
                 i, kind = requests.pop(rid)
+                kinds[kind] -= 1
                 if kind == "analysis":
                     episodes[i]["analysis"] = g.text
                     complete(i)
