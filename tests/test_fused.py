@@ -3,8 +3,10 @@ the unfused one (fp32 on CPU: equal up to float rounding, as Inductor reorders t
 without activation checkpointing, padded and packed, at two lengths on one graph; its checkpoint, moved inside the
 compiled function, still drops what it should. liger (GPU only) is refused on CPU in one line, and --fused parses
 in both trainers."""
+import argparse
 import contextlib
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from torch._dynamo.utils import counters
 
 from conftest import REPO, run_script
 from common.models import load_model
+from common.records import check_resume
 from common.packing import make_batch, response_select
 from common.training import check_fused, shard_model
 from test_packing import group  # noqa: F401  (a process group of one)
@@ -137,3 +140,13 @@ def test_fused_flag_in_both_trainers():
     for proc in procs:
         out = proc.communicate(timeout=300)[0]
         assert proc.returncode == 0 and "--fused {off,liger,compile}" in out and "(default: off)" in out
+
+
+@pytest.mark.parametrize("script", ["seed_rl.py", "sft.py"])
+def test_a_resumed_run_may_change_fused(tmp_path, script):
+    """--fused changes kernels, not the math: check_resume lets it change (and still refuses, e.g., --lr)."""
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"args": {"fused": "off", "lr": 1e-6}}))
+    assert check_resume(str(path), argparse.Namespace(fused="compile", lr=1e-6), script=script, out="o")
+    with pytest.raises(SystemExit, match="--lr"):
+        check_resume(str(path), argparse.Namespace(fused="compile", lr=2e-6), script=script, out="o")
