@@ -61,7 +61,7 @@ from common.rollout import (add_kv_cache_arg, add_rollout_args, play_episodes, r
                             summarize_episodes)
 from common.checkpoints import latest_checkpoint, save_checkpoint_dir, save_hf_checkpoint
 from common.packing import gather_response, make_batch, packed_attention, response_select
-from common.training import adamw_impl, full_params, init_distributed, print0, shard_model
+from common.training import FUSED, adamw_impl, check_fused, full_params, init_distributed, print0, shard_model
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis
 
 # ====================================================================================================
@@ -394,6 +394,10 @@ def parse_args():
     g.add_argument("--checkpoint-every", type=int, default=1,
                    help="checkpoint every N-th decoder layer (1 = all; 2 = half: memory the step does not need "
                         "buys back speed)")
+    g.add_argument("--fused", default="off", choices=list(FUSED),
+                   help="fused kernels in the decoder layers (common/training.py fuse_layers): off; liger = "
+                        "liger-kernel's Triton RMSNorm, SwiGLU and rotary (GPU, requirements-gpu.txt); compile = "
+                        "torch.compile of each layer. Kernels, not the math: a resumed run may change it")
     g = p.add_argument_group("held-out evaluation during training (off by default; evaluate.py is the full report)")
     g.add_argument("--eval-every", type=int, default=0, help="play the held-out tasks with the plain prompt (no "
                    "skill: what is deployed) before the first update, every N updates and after the last, with the "
@@ -584,6 +588,7 @@ def setup(args, env, paper, rank, world, device):
     the frozen reference (FSDP2), AdamW, the generation engine and the analyzer, the env worker pool, and the
     GPU memory accounting. Returns them as attributes of one namespace."""
     on_gpu = device.type == "cuda"
+    check_fused(args.fused, device)  # --fused liger on CPU: one line now, not a traceback after the models load
     if args.backend is None:
         try:
             import vllm  # noqa: F401
@@ -616,11 +621,13 @@ def setup(args, env, paper, rank, world, device):
     tracker = Tracker(args.log_to, args.out, vars(args), rank)  # after the checks: a refused run logs nothing
     policy = shard_model(load_model(args.model, device=device, seed=args.seed, attn=packed_attn), device,
                          activation_checkpointing=args.activation_checkpointing,
-                         checkpoint_policy=args.checkpoint_policy, checkpoint_every=args.checkpoint_every)
+                         checkpoint_policy=args.checkpoint_policy, checkpoint_every=args.checkpoint_every,
+                         fused=args.fused)
     ref = None
     if args.kl_coef > 0:
         ref = shard_model(load_model(args.ref_model, device=device, seed=args.seed, attn=packed_attn,
-                                     dtype=torch.bfloat16 if on_gpu else torch.float32), device, train=False)
+                                     dtype=torch.bfloat16 if on_gpu else torch.float32), device, train=False,
+                     fused=args.fused)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.01,
                                   **adamw_impl(device))
 

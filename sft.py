@@ -62,7 +62,7 @@ from common.records import (append_jsonl, args_diff, check_resume, open_jsonl_fo
 from common.rollout import step_prompt
 from common.checkpoints import latest_checkpoint, save_checkpoint_dir, save_hf_checkpoint
 from common.packing import make_batch, packed_attention, response_select
-from common.training import adamw_impl, init_distributed, print0, shard_model
+from common.training import FUSED, adamw_impl, check_fused, init_distributed, print0, shard_model
 from prompts.chat import sft_example
 
 def data_env(argv):
@@ -118,6 +118,10 @@ p.add_argument("--packing", default="auto", choices=["auto", "on", "off"],
                "else PyTorch's varlen flash kernel, else FlexAttention), padded on CPU")
 p.add_argument("--activation-checkpointing", action="store_true",
                help="recompute each decoder layer in backward (less memory)")
+p.add_argument("--fused", default="off", choices=list(FUSED),
+               help="fused kernels in the decoder layers (common/training.py fuse_layers): off; liger = "
+                    "liger-kernel's Triton RMSNorm, SwiGLU and rotary (GPU, requirements-gpu.txt); compile = "
+                    "torch.compile of each layer. Kernels, not the math: a resumed run may change it")
 p.add_argument("--save-every", type=int, default=50, help="trainer checkpoint every N steps (and at each epoch end)")
 p.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16"],
                help="dtype of the HF checkpoints (float32 = the exact master weights Stage 2 continues from)")
@@ -133,6 +137,7 @@ if not args.bc_data:  # annotate.py splits --data itself (issue 29: no flag sile
     refuse_unused(p, args, ["val_fraction"], "it splits --bc-data episodes only (annotate.py split --data)")
 
 rank, world, device = init_distributed()
+check_fused(args.fused, device)  # --fused liger on CPU: one line now, not a traceback after the model loads
 torch.manual_seed(args.seed)
 os.makedirs(args.out, exist_ok=True)
 print0(f"sft: world size {world}, device {device.type}\nconfig: {json.dumps(vars(args))}\n"
@@ -272,7 +277,7 @@ packed_attn = packed_attention(device, args.packing)  # None: padded
 packed = packed_attn is not None
 model = load_model(args.model, dtype=torch.float32, device=device, seed=args.seed, attn=packed_attn)
 attn = model.config._attn_implementation
-model = shard_model(model, device, activation_checkpointing=args.activation_checkpointing)
+model = shard_model(model, device, activation_checkpointing=args.activation_checkpointing, fused=args.fused)
 model.train()
 # betas (0.9, 0.95), weight decay 0.01 on every parameter: verl's SFT defaults (the paper states neither)
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay,

@@ -30,7 +30,10 @@ optimizer step per mini-batch, activation checkpointing on as in seed_rl.py (--n
                        :tokens=N a budget of N; :nockpt without activation checkpointing (a token budget bounds
                        the activations: small micro-batches may fit without recomputing every layer); :sel
                        selective checkpointing (seed_rl.py --checkpoint-policy selective: matmul and attention
-                       outputs kept, elementwise ops recomputed); :every=N every N-th layer (--checkpoint-every)
+                       outputs kept, elementwise ops recomputed); :every=N every N-th layer (--checkpoint-every);
+                       :liger / :compile fused kernels (seed_rl.py --fused: liger-kernel's RMSNorm, SwiGLU, rotary, or
+                       torch.compile of each layer) on a fresh model with the same initial weights, whose log-probs
+                       of the first micro-batch are compared with the unfused model's (logprob_vs_unfused in the JSON)
 Reported per path: seconds per optimizer step, real tokens/s (prompt + response tokens, padding not counted),
 pad fraction (pad slots / slots computed), MFU of the real tokens (6 x parameters x real tokens / s / peak: no
 attention FLOPs, no recomputation), peak memory. --profile writes kernel tables (where the time goes).
@@ -48,7 +51,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common.models import model_config  # noqa: E402
 from common.packing import make_batch, packed_attention  # noqa: E402
-from common.training import adamw_impl, checkpoint_kwargs, init_distributed, shard_model  # noqa: E402
+from common.training import adamw_impl, check_fused, checkpoint_kwargs, init_distributed, shard_model  # noqa: E402
 from seed_rl import micro_batch_logprobs, plan_micro_batches, seed_loss  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,7 +70,8 @@ p.add_argument("--micro-tokens", type=int, default=65536, help="token budget per
 p.add_argument("--hf-micro-batch", type=int, default=8, help="samples per forward of hf_padded")
 p.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True)
 p.add_argument("--paths", default=None, help="comma-separated; default: hf_padded, padded, packed:A for A = seed_rl.py's "
-               "choice (seed_varlen where it runs) and flex_attention, packed:A:tokens, packed:A:tokens=16384:nockpt")
+               "choice (seed_varlen where it runs) and flex_attention, packed:A:tokens, packed:A:tokens=16384:nockpt; "
+               "options :tokens[=N] :nockpt :sel :every=N :liger :compile (see above)")
 # Measurement
 p.add_argument("--repeats", type=int, default=1, help="timed passes over the mini-batches, after one warm-up pass")
 p.add_argument("--peak-tflops", type=float, default=790.0, help="measured bf16 matmul rate of the H200 here")
@@ -80,6 +84,11 @@ on_gpu = device.type == "cuda"
 sync = torch.cuda.synchronize if on_gpu else (lambda: None)
 import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
+
+# liger patches these process-wide (its rotary, the RMSNorm and MLP classes): restored after each :liger path
+QWEN2_GLOBALS = dict(vars(modeling_qwen2))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -240,11 +249,48 @@ else:
 results["packed_attention_auto"] = packed_attention(device, "auto")
 
 # ---- the project's step: FSDP2 (world size 1), fp32 master weights, bf16 compute, chunked log-probs, SEED loss
-model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").to(device)
+
+def parse_path(name):
+    """padded | packed:ATTN, then the options tokens | tokens=N | nockpt | sel | every=N | liger | compile."""
+    parts = name.split(":")
+    packed, attn = parts[0] == "packed", parts[1] if parts[0] == "packed" else "sdpa"
+    opts = dict(o.partition("=")[::2] for o in parts[1 + packed:])
+    kw = dict(micro_batch=args.micro_batch,
+              max_tokens=int(opts["tokens"] or args.micro_tokens) if "tokens" in opts else 0)
+    ckpt = dict(activation_checkpointing=args.activation_checkpointing and "nockpt" not in opts,
+                checkpoint_policy="selective" if "sel" in opts else "full", checkpoint_every=int(opts.get("every") or 1))
+    fused = "liger" if "liger" in opts else "compile" if "compile" in opts else "off"
+    return packed, attn, kw, ckpt, fused
+
+
+def build(fused="off", **ckpt):
+    """The model (the same initial weights at every build: fused paths are compared with the unfused one) and AdamW."""
+    if fused == "compile":
+        torch._dynamo.reset()  # each path its own graphs: earlier paths' would count against the recompile limit
+        counters.clear()  # reported with the path: a graph break inside a checkpointed layer runs it all eagerly
+    torch.manual_seed(1)
+    m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").to(device)
+    m = shard_model(m, device, fused=fused, **ckpt)
+    m.train()
+    return m, torch.optim.AdamW(m.parameters(), lr=1e-6, weight_decay=0.01, **adamw_impl(device))
+
+
+def first_logprobs(packed, attn, kw):
+    """Log-probs of the response tokens of the first micro-batch of the first mini-batch (no grad, flat, fp32)."""
+    model.set_attn_implementation(attn)
+    micro = next(g for g in plan(minis[0], packed, **kw) if g)
+    with torch.no_grad():
+        lp, _, sel = micro_batch_logprobs(model, [(ids[i], *lengths[i]) for i in micro], device, packed)
+    return lp[sel].float()
+
+
+fused_paths = [x for x in paths if x != "hf_padded" and parse_path(x)[4] != "off"]
+for name in fused_paths:
+    check_fused(parse_path(name)[4], device)  # liger without a GPU or the package: one line, before any timing
+model, opt = build(activation_checkpointing=args.activation_checkpointing)
+model_fused = False
 n_params = sum(x.numel() for x in model.parameters())
-model = shard_model(model, device, activation_checkpointing=args.activation_checkpointing)
-model.train()
-opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, **adamw_impl(device))
+unfused_lp = {name: first_logprobs(*parse_path(name)[:3]) for name in fused_paths}  # the fresh weights, before any step
 
 
 def project_step(mini, packed, **kw):
@@ -263,22 +309,44 @@ def project_step(mini, packed, **kw):
 
 
 for name in [x for x in paths if x != "hf_padded"]:
-    parts = name.split(":")  # padded | packed:ATTN, then the options tokens | tokens=N | nockpt
-    packed, attn = parts[0] == "packed", parts[1] if parts[0] == "packed" else "sdpa"
-    opts = dict(o.partition("=")[::2] for o in parts[1 + packed:])
-    kw = dict(micro_batch=args.micro_batch,
-              max_tokens=int(opts["tokens"] or args.micro_tokens) if "tokens" in opts else 0)
-    if args.activation_checkpointing and "nockpt" not in opts:
-        model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs=checkpoint_kwargs("selective" if "sel" in opts else "full"),
-            every_n_layers=int(opts.get("every") or 1))
+    packed, attn, kw, ckpt, fused = parse_path(name)
+    check = {}
+    if fused != "off" or model_fused:
+        # a fused model is built fused (compile moves the checkpoint inside the compiled layer: set before
+        # fusing, not toggled after), from the same initial weights as the unfused model of unfused_lp
+        model = opt = None
+        peak_reset()
+        model_fused = True  # until built: a failed build leaves the next path to build its own
+        try:
+            model, opt = build(fused, **ckpt)
+            if fused != "off":
+                d = (first_logprobs(packed, attn, kw) - unfused_lp[name]).abs()
+                check = {"logprob_vs_unfused": {"max_abs_diff": float(d.max()), "mean_abs_diff": float(d.mean()),
+                                                "tokens": d.numel()}}
+                print(f"{name}: response log-probs of the first micro-batch vs unfused: max |diff| {d.max():.3g}, "
+                      f"mean {d.mean():.3g} over {d.numel()} tokens")
+        except Exception as e:  # a fused path that does not run here is a result too
+            results["paths"][name] = {"error": f"{type(e).__name__}: {e}"[:400], "fused": fused}
+            print(f"{name}: {results['paths'][name]['error']}")
+            vars(modeling_qwen2).update(QWEN2_GLOBALS)
+            save()
+            continue
+        model_fused = fused != "off"
+    elif ckpt["activation_checkpointing"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(ckpt["checkpoint_policy"]),
+                                            every_n_layers=ckpt["checkpoint_every"])
     else:
         model.gradient_checkpointing_disable()
     model.set_attn_implementation(attn)
     pads = pad_fraction([plan(m, packed, **kw) for m in minis], packed)
     results["paths"][name] = dict(measure(name, lambda m: project_step(m, packed, **kw), pads),
-                                  micro_batches=sum(len(plan(m, packed, **kw)) for m in minis))
+                                  micro_batches=sum(len(plan(m, packed, **kw)) for m in minis), fused=fused, **check)
     opt.zero_grad(set_to_none=True)
+    if fused == "compile":
+        results["paths"][name]["dynamo"] = {"graphs": counters["stats"]["unique_graphs"],
+                                            "graph_breaks": sum(counters["graph_break"].values())}
+    if fused == "liger":
+        vars(modeling_qwen2).update(QWEN2_GLOBALS)  # later paths (and hf_padded) run transformers' own kernels
     save()
 del model, opt
 peak_reset()

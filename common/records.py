@@ -312,7 +312,8 @@ RESUME_MAY_CHANGE = {
     "sft.py": {"data": "the file's path (its contents must keep the same sha256)",
                "micro_batch": "sequences per forward (the global batches do not depend on it)",
                "packing": "padded or packed micro-batches (the same loss)",
-               "activation_checkpointing": "memory, not results", "save_every": "how often it checkpoints",
+               "activation_checkpointing": "memory, not results", "fused": "kernels, not the math",
+               "save_every": "how often it checkpoints",
                "max_steps": "a planned stop", "resume": "whether a checkpoint is required"},
     "seed_rl.py": {"updates": "how far the run goes (the task stream's first updates stay the same; refused "
                               "where it would move the lr warm-up)",
@@ -325,6 +326,7 @@ RESUME_MAY_CHANGE = {
                                                                              "(the same loss)",
                    "activation_checkpointing": "memory, not results",
                    "checkpoint_policy": "memory, not results", "checkpoint_every": "memory, not results",
+                   "fused": "kernels, not the math",
                    "lockstep": "the rollout schedule (same seeds, same episodes)"},
 }
 

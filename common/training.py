@@ -76,16 +76,19 @@ def checkpoint_kwargs(policy):
 
 
 def shard_model(model, device, *, train=True, activation_checkpointing=False, checkpoint_policy="full",
-                checkpoint_every=1):
+                checkpoint_every=1, fused="off"):
     """fully_shard every decoder layer, then the root. Parameters stay fp32 (the master weights); on GPU
     compute runs in bf16 (params all-gathered in bf16, gradients reduced in fp32). On CPU all is fp32.
     activation_checkpointing: recompute decoder layers in backward, by `checkpoint_policy` (checkpoint_kwargs),
-    every `checkpoint_every`-th layer only (2 = half of them: memory the step does not need buys back speed)."""
+    every `checkpoint_every`-th layer only (2 = half of them: memory the step does not need buys back speed).
+    fused: the decoder layers' kernels (`fuse_layers`): off, liger or compile."""
+    check_fused(fused, device)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
         else MixedPrecisionPolicy()
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(checkpoint_policy),
                                             every_n_layers=checkpoint_every)
+    fuse_layers(model, fused)  # after the checkpointing (compile moves it inside), before fully_shard
     model.config.use_cache = False
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp)
@@ -97,6 +100,73 @@ def shard_model(model, device, *, train=True, activation_checkpointing=False, ch
     if not train:
         model.requires_grad_(False)
     return model
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fused kernels (--fused): a GPU profile of the step spent 34% of its kernel time in unfused elementwise and
+# norm kernels (RMSNorm, rotary, SiLU * up, residual adds, casts). Both modes change kernels, not the math.
+
+FUSED = ("off", "liger", "compile")
+
+
+def check_fused(mode, device):
+    """Refuse, in one line and before any model loads, a --fused mode that cannot run here."""
+    if mode not in FUSED:
+        raise ValueError(f"fused {mode!r}: expected one of {', '.join(FUSED)}")
+    if mode != "liger":
+        return
+    if device.type != "cuda":
+        raise SystemExit("--fused liger: liger-kernel's kernels are Triton kernels, GPU only; here use --fused off "
+                         "or --fused compile")
+    try:
+        import liger_kernel.transformers  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"--fused liger needs liger-kernel (pip install -r requirements-gpu.txt): {e}") from None
+
+
+def fuse_layers(model, mode):
+    """Fused kernels for the decoder layers of a Qwen2 model, before fully_shard. "off": none (runs everywhere).
+
+    "liger": liger-kernel's Triton RMSNorm, SwiGLU and rotary for this model instance. Not its fused linear
+    cross-entropy: the trainer needs the log-prob of given tokens (`_TokenLogprob`), not a loss. Its rotary is
+    process-wide (it replaces the function in transformers' modeling_qwen2): every Qwen2 built later runs it too.
+    "compile": torch.compile of each decoder layer's forward (`_compile_layer`): Inductor fuses the elementwise
+    ops between the matmuls. The module's __call__, and with it FSDP2's all-gather hooks, stays outside the
+    compiled region."""
+    if mode == "liger":
+        if model.config.model_type != "qwen2":
+            raise SystemExit(f"--fused liger: wired for Qwen2 models only, not {model.config.model_type!r}")
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+        apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False, model=model)
+    elif mode == "compile":
+        for layer in model.model.layers:
+            _compile_layer(layer)
+    return model
+
+
+def _compile_layer(layer):
+    """layer.forward := torch.compile of it, with the layer's activation checkpoint (if any) moved inside.
+
+    HF checkpoints a layer around its __call__. Around a compiled forward that failed here (torch 2.13, CPU):
+    once a layer without checkpointing had compiled (--checkpoint-every 2), backward's recompute of a
+    checkpointed one saved other tensors than its forward had (CheckpointError; pytorch#166926). Inside the
+    compiled function, torch.utils.checkpoint (selective policy included) is traced and partitioned by the
+    compiler itself (torchtitan's order: checkpoint, then compile, then shard). So the layer's HF flag goes off
+    and the same checkpoint function runs inside; call gradient_checkpointing_enable before this, not after.
+    dynamic=True: every micro-batch has another length (a packed row another total and max_length_q), so the
+    shapes are symbolic from the first compile, rather than a graph for the first length and a recompile at
+    the second; all layers share one graph (same code, parameters are inputs)."""
+    forward = layer.forward
+    ckpt = layer._gradient_checkpointing_func if getattr(layer, "gradient_checkpointing", False) else None
+    layer.gradient_checkpointing = False
+
+    def run(*args, **kwargs):
+        if ckpt is not None and layer.training:  # as HF: checkpoint in training mode only
+            return ckpt(forward, *args, **kwargs)
+        return forward(*args, **kwargs)
+
+    layer.forward = torch.compile(run, dynamic=True)
 
 
 def adamw_impl(device):

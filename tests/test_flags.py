@@ -137,14 +137,14 @@ def test_invalid_rule_and_fallback_change_alfworld_and_webshop_and_are_refused_f
 SEED_RL_GENERIC = {
     "env", "model", "updates", "tasks_per_update", "group_size", "workers", "lockstep", "backend",
     "gpu_memory_utilization", "kv_cache_gib", "lr", "warmup_ratio", "mini_batch", "micro_tokens", "packing", "clip_eps",
-    "dual_clip", "grad_clip", "kl_coef", "opd_coef", "adv_mode", "adv_norm", "activation_checkpointing", "seed", "save_every",
-    "out", "log_to", "max_steps", "history", "max_prompt_tokens", "max_new_tokens", "temperature", "invalid_penalty",
+    "dual_clip", "grad_clip", "kl_coef", "opd_coef", "adv_mode", "adv_norm", "activation_checkpointing", "fused", "seed",
+    "save_every", "out", "log_to", "max_steps", "history", "max_prompt_tokens", "max_new_tokens", "temperature", "invalid_penalty",
     # the plain-vs-skill dumps: with --opd-coef 0 there are none, but the matched GRPO arm of benchmarks/learning.py
     # and benchmarks/remote/h200.sh part C passes the same value as SEED's (the file is written, empty)
     "dump_examples", "eval_every"}
 SFT_GENERIC = {"model", "data", "bc_data", "out", "epochs", "lr", "max_length", "batch_size", "micro_batch",
                "warmup_ratio", "weight_decay", "grad_clip", "packing", "activation_checkpointing", "save_every",
-               "save_dtype", "max_steps", "resume", "seed", "log_to"}  # the SFT loop has no env branch
+               "save_dtype", "max_steps", "resume", "seed", "log_to", "fused"}  # the SFT loop has no env branch
 # annotate.py: what every analyzer uses (the files, the model name, the answer budget, the retries of unparsable
 # answers, the validation split); the analyzer-specific flags are refused for the other analyzers (below)
 ANNOTATE_GENERIC = {"analyzer", "trajectories", "out", "model", "max_new_tokens", "parse_retries", "retry_failed",
