@@ -4,6 +4,7 @@
     VLLM_USE_V2_MODEL_RUNNER=0 python benchmarks/rollout.py --skip-hf   # vLLM's V1 model runner instead
     python benchmarks/rollout.py --skip-hf --prompts 16 --new-tokens 512 --repeats 3   # seed_rl.py's batch per engine
     python benchmarks/rollout.py --config tiny --prompts 4 --prompt-len 32 --new-tokens 8 --hf-prompts 4 --skip-vllm  # CPU
+    python benchmarks/rollout.py --config Qwen2.5-3B-Instruct --skip-hf --gpu-memory-utilization 0.5   # the 3B shape
 
   standalone        vllm.LLM.generate on the 128 prompts (token ids), SamplingParams(temperature 1, max 256
                     tokens, ignore_eos): the reference
@@ -13,6 +14,10 @@
   project_logprobs  the same + the sampled tokens' log-probs, as seed_rl.py calls it (its engine check)
   project_unseeded  without per-request seeds: the cost of the wrapper alone
   hf                common.backends.HFBackend (transformers `generate`, bf16, SDPA) on the first --hf-prompts
+  sync              the weight sync of seed_rl.py's every update (sync_engine without the sleep/wake): an
+                    FSDP2-sharded fp32 policy of the same weights gathered parameter by parameter in bf16 into the
+                    engine (vLLM's, else the HF one); seconds and GB/s of the weights sent (bf16; fp32 on CPU). The fp32 policy sits
+                    beside the engine: 4 bytes per parameter (the 3B shape: --gpu-memory-utilization 0.5)
 vLLM variants run --repeats times, interleaved; the fastest of each is reported. All of them share one engine,
 with the model runner the project's backend picks (V2, unless VLLM_USE_V2_MODEL_RUNNER says otherwise).
 Random weights rarely emit EOS, so nearly every request runs the full 256 tokens; tokens/s counts the
@@ -43,6 +48,7 @@ p.add_argument("--repeats", type=int, default=2)
 p.add_argument("--skip-vllm", action="store_true")
 p.add_argument("--skip-hf", action="store_true")
 p.add_argument("--json", default=None)
+p.add_argument("--sync-repeats", type=int, default=3, help="weight syncs timed (the best is reported); 0: none")
 args = p.parse_args()
 
 from transformers import AutoModelForCausalLM  # noqa: E402
@@ -67,6 +73,31 @@ seeds = list(range(args.prompts))
 
 
 VARIANTS = ("standalone", "project", "project_logprobs", "project_unseeded")
+
+
+def time_sync(engine):
+    """seed_rl.py's weight push into `engine` (sync_engine less the sleep/wake), from an FSDP2 policy of the same
+    weights with fp32 master weights as the trainer holds them: the best of --sync-repeats, into res["sync"]."""
+    import copy
+    import torch.distributed as dist
+    from common.training import full_params, init_distributed, shard_model
+    if not dist.is_initialized():
+        init_distributed()  # a process group of one: the gathers are those of one rank of a run
+    policy = shard_model(copy.deepcopy(model).float(), device)
+    wire = torch.bfloat16 if on_gpu else torch.float32  # as seed_rl.py's run.sync_dtype
+    n_bytes = sum(p.numel() for p in policy.parameters()) * wire.itemsize
+    best = None
+    for _ in range(args.sync_repeats):
+        torch.cuda.synchronize() if on_gpu else None
+        t0 = time.perf_counter()
+        engine.load_weights(full_params(policy, wire))
+        torch.cuda.synchronize() if on_gpu else None
+        best = min(best or float("inf"), time.perf_counter() - t0)
+    res["sync"] = {"engine": type(engine).__name__, "s": best, "params": len(list(policy.parameters())),
+                   "gb": n_bytes / 1e9, "gb_per_s": n_bytes / 1e9 / best}
+    print(f"sync ({type(engine).__name__}): {res['sync']['gb']:.2f} GB of {wire} weights, "
+          f"{res['sync']['params']} tensors, in {best:.3f} s = {res['sync']['gb_per_s']:.1f} GB/s")
+    del policy
 
 
 def report(res):
@@ -116,6 +147,9 @@ if not args.skip_vllm:
         for name in VARIANTS[1:]:
             res[name]["ratio"] = res[name]["tokens_per_s"] / res["standalone"]["tokens_per_s"]
         report(res)
+    if args.sync_repeats:
+        time_sync(eng)
+        report(res)
     del eng
     torch.cuda.empty_cache() if on_gpu else None
 
@@ -123,6 +157,8 @@ if not args.skip_vllm:
 if args.skip_hf:
     raise SystemExit(0)
 hf = HFBackend(model.to(device), tok, batch_size=args.hf_prompts)
+if args.sync_repeats and args.skip_vllm:  # the HF engine's sync (CPU, or no vLLM)
+    time_sync(hf)
 hf.generate(prompts[:2], max_new_tokens=4, temperature=1.0)  # warm-up
 t0 = time.perf_counter()
 outs = hf.generate(prompts[:args.hf_prompts], max_new_tokens=args.new_tokens, temperature=1.0)
