@@ -4,7 +4,8 @@
     VLLM_USE_V2_MODEL_RUNNER=0 python benchmarks/rollout.py --skip-hf   # vLLM's V1 model runner instead
     python benchmarks/rollout.py --skip-hf --prompts 16 --new-tokens 512 --repeats 3   # seed_rl.py's batch per engine
     python benchmarks/rollout.py --config tiny --prompts 4 --prompt-len 32 --new-tokens 8 --hf-prompts 4 --skip-vllm  # CPU
-    python benchmarks/rollout.py --config Qwen2.5-3B-Instruct --skip-hf --gpu-memory-utilization 0.5   # the 3B shape
+    # the 3B shape: a folder with Qwen2.5-3B-Instruct's config.json (../shared/assets has the 0.5B, 1.5B and 7B ones)
+    python benchmarks/rollout.py --config /path/to/Qwen2.5-3B-Instruct --skip-hf --gpu-memory-utilization 0.5
 
   standalone        vllm.LLM.generate on the 128 prompts (token ids), SamplingParams(temperature 1, max 256
                     tokens, ignore_eos): the reference
