@@ -12,9 +12,10 @@ Parts, in this order (each measured on the same episodes with both schedules, sa
   a       seed_rl.py's rollout on one GPU: --tasks x --group-size episodes (2 x 8, the paper's per-GPU share),
           --max-steps turns (30), temperature 1, 512 new tokens, sampled-token log-probs, the engine built as
           seed_rl.py builds it (so its compile cache serves the update runs)
-  update  seed_rl.py --updates 2 (torchrun, 1 process), SEED and GRPO (--opd-coef 0) with the per-episode loop:
-          the update time with the self-analysis overlapped, and SEED / GRPO (the goal: <= 1.1x)
-  update_lockstep  seed_rl.py --updates 2 --lockstep, SEED: the same update with the old schedule
+  update  seed_rl.py --updates N (default 5; torchrun, 1 process), SEED and GRPO (--opd-coef 0) with the
+          per-episode loop: the update time with the self-analysis overlapped, and SEED / GRPO per update and
+          on the mean (the goal: <= 1.1x)
+  update_lockstep  seed_rl.py --updates N --lockstep, SEED: the same update with the old schedule
   b       as a with --big-tasks x --group-size episodes (16 x 8 on one GPU)
 Each part is a child process (a and b, when next to each other, share one child and one engine start), started
 only while at least 90 s of the budget (--budget seconds for the whole command) are left and stopped when the
@@ -52,6 +53,8 @@ p.add_argument("--max-steps", type=int, default=30, help="parts a and b: turns p
 p.add_argument("--max-new-tokens", type=int, default=512)
 p.add_argument("--update-max-steps", type=int, default=15, help="update runs: turns per episode (15: the issue's "
                "seed_rl.py measurement; three start-ups and 6 updates of 30 turns would not fit the budget)")
+p.add_argument("--updates", type=int, default=5, help="update runs: updates each (issue 31: SEED / GRPO over 5 or "
+               "more, per update)")
 p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="env worker processes")
 p.add_argument("--gpu-memory-utilization", type=float, default=0.4, help="as seed_rl.py's default")
 p.add_argument("--update-flags", default="", help="more seed_rl.py flags for the update runs (CPU smoke run: "
@@ -215,7 +218,7 @@ def update(name, extra):
     subprocess.run(["rm", "-rf", out])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "seed_rl.py",
            "--env", "alfworld", "--model", args.model, "--tasks-per-update", str(args.tasks), "--group-size",
-           str(args.group_size), "--updates", "2", "--max-steps", str(args.update_max_steps), "--max-new-tokens",
+           str(args.group_size), "--updates", str(args.updates), "--max-steps", str(args.update_max_steps), "--max-new-tokens",
            str(args.max_new_tokens), "--workers", str(args.workers), "--save-every", "0", "--seed", str(args.seed),
            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--backend", args.backend,
            "--out", out, *update_flags(extra), *extra]
@@ -232,6 +235,9 @@ def update(name, extra):
     ratios = {}
     if mean_update("seed") and mean_update("grpo"):
         ratios["seed_over_grpo_update"] = mean_update("seed") / mean_update("grpo")
+        # per update: the same tasks and seeds in both runs (the same episodes at update 1; the policies part after)
+        ratios["seed_over_grpo_per_update"] = [s["update"] / g["update"] for s, g in zip(
+            results["update"]["seed"]["updates"], results["update"]["grpo"]["updates"]) if s["update"] and g["update"]]
     if mean_update("seed") and mean_update("seed_lockstep"):
         ratios["seed_over_seed_lockstep_update"] = mean_update("seed") / mean_update("seed_lockstep")
     results["update_ratios"] = ratios
