@@ -65,17 +65,21 @@ def qwen25():
     return AutoTokenizer.from_pretrained(QWEN25_DIR)
 
 
+def qwen3_style_tokenizer(folder):
+    """The real Qwen2.5 tokenizer files, copied into `folder`, with a Qwen3-style chat template in
+    tokenizer_config.json (also tests/test_rollout.py's)."""
+    from transformers import AutoTokenizer
+    for name in os.listdir(QWEN25_DIR):
+        shutil.copy(os.path.join(QWEN25_DIR, name), folder / name)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = QWEN3_STYLE_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    """The real Qwen2.5 tokenizer files with a Qwen3-style chat template in tokenizer_config.json."""
-    from transformers import AutoTokenizer
-    d = tmp_path_factory.mktemp("qwen3-style-tokenizer")
-    for name in os.listdir(QWEN25_DIR):
-        shutil.copy(os.path.join(QWEN25_DIR, name), d / name)
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = QWEN3_STYLE_TEMPLATE
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return AutoTokenizer.from_pretrained(str(d))
+    return qwen3_style_tokenizer(tmp_path_factory.mktemp("qwen3-style-tokenizer"))
 
 
 def ids(tok, text):

@@ -282,22 +282,6 @@ def real_prompts(expert_run, tmp_path_factory):
             "search": search_prompts()}
 
 
-def qwen3_style_tokenizer(folder):
-    """The real Qwen2.5 tokenizer with tests/test_chat.py's Qwen3-style chat template (thinking switch)."""
-    import os
-    import shutil
-    from transformers import AutoTokenizer
-    from common.models import default_tokenizer_path
-    from test_chat import QWEN3_STYLE_TEMPLATE
-    src = default_tokenizer_path()
-    for name in os.listdir(src):
-        shutil.copy(os.path.join(src, name), folder / name)
-    cfg = json.loads((folder / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = QWEN3_STYLE_TEMPLATE
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return AutoTokenizer.from_pretrained(str(folder))
-
-
 @pytest.mark.parametrize("template, thinking", [("qwen2.5", None), ("qwen3", None), ("qwen3", True),
                                                 ("qwen3", False)])
 def test_fast_chat_prompts_are_chat_prompt(real_prompts, tokenizer, tmp_path_factory, template, thinking):
@@ -305,6 +289,7 @@ def test_fast_chat_prompts_are_chat_prompt(real_prompts, tokenizer, tmp_path_fac
     memo), in the order the loop builds them and shuffled."""
     import random
     from prompts.chat import ChatPrompts, chat_prompt, lines_tokenize_apart
+    from test_chat import qwen3_style_tokenizer
     tok = tokenizer if template == "qwen2.5" else qwen3_style_tokenizer(tmp_path_factory.mktemp("qwen3"))
     fast = ChatPrompts(tok, thinking=thinking)
     assert lines_tokenize_apart(tok) and fast.piecewise and fast.around  # the fast path is what is tested
