@@ -142,11 +142,15 @@ def test_part_L_search_runs_for_real_against_a_live_retriever(tmp_path):
     proc, port = start_retriever(cmds["retriever"], tmp_path)
     try:
         res = tmp_path / "results"
-        run_built(at_port(cmds["learning"], port), "--group-size", "2", *CPU, "--results-dir", str(res), timeout=900)
+        # --eval-in-run (LEARN_ARGS): seed_rl.py plays the val question itself, through the same retriever flags
+        run_built(at_port(cmds["learning"], port), "--group-size", "2", *CPU, "--results-dir", str(res),
+                  "--eval-in-run", timeout=900)
         runs = read(res / "runs.jsonl")
-        assert len(runs) == 1 and runs[0]["env"] == "search"
+        assert len(runs) == 1 and runs[0]["env"] == "search" and runs[0]["eval"]["start_in_run"]
         assert f"--retriever-url http://127.0.0.1:{port}/retrieve" in runs[0]["commands"]["train"]
-        assert runs[0]["updates"][0]["env_failures"] == 0 and runs[0]["eval"]["end"]["all"]["episodes"] == 1
+        assert "--eval-splits val" in runs[0]["commands"]["train"]
+        assert runs[0]["updates"][0]["env_failures"] == 0
+        assert runs[0]["eval"]["start"]["splits"]["val"]["episodes"] == runs[0]["eval"]["end"]["all"]["episodes"] == 1
     finally:
         stop(proc)
 
