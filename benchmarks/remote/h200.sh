@@ -73,7 +73,9 @@
 # KV_GIB=3 LANES=5 (the start's 274-game evaluation + 4 runs): one SEED update 32.8 s, device 41-51 GiB in use,
 # the start evaluation ~1 episode/s while four runs started; engine starts one at a time took 40-50 s each
 # (since then only the first of each kind goes alone). All 274 games per evaluation is the costly part: budget
-# ~5 minutes for each, side by side.
+# ~5 minutes for each, side by side. On one H100 80GB (2026-12-05 evening) LANES=5 with TASKS=4 had no job past
+# update 1 after 225 s of driver time. Next: LANES=2-3 and LEARN_ARGS=--eval-in-run (each run evaluates its own
+# start and end with its own engine: no evaluate.py engine starts, no end weights written).
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part. Parts L and Q have their jobs'
