@@ -54,6 +54,7 @@
 #                   so an engine start stops no other job (learning_remote.py's gate); LEARN_ARGS: more
 #                   learning_remote.py flags (e.g. --dry-run; --eval-in-run: each seed_rl.py run evaluates its
 #                   own start and end, no evaluate.py jobs, no separate start evaluation, one engine start per run)
+#   QWEN_CODER_DIR=$QWEN_CODER_15B_DIR   the 1.5B model (its device bundle exports that path) instead of the 0.5B
 #   ENV=search      Search on the hotpot questions ($SEARCH_DATA): the retriever starts in its own process
 #                   session on 127.0.0.1:8000 (kept for the next call), the held-out questions are the val split
 # Sizing, measured in the fifth to seventh sessions (results/2026-12-03-rollout-async-trainer-profile,
