@@ -23,7 +23,7 @@ def cell(x, digits=1):
 
 # metrics that are rates (shares of episodes, steps or tokens): drawn on a fixed 0-1 axis, so a flat curve at
 # 0.02 does not fill the panel as if it moved
-RATES = ("rollout/success_rate", "rollout/success/", "rollout/invalid_rate", "rollout/inadmissible_rate",
+RATES = ("rollout/success_rate", "rollout/success/", "heldout/", "rollout/invalid_rate", "rollout/inadmissible_rate",
          "rollout/truncated_rate", "skill/parse_rate", "opd/teacher_coverage", "opd/gate_mean",
          "opd/gate_active_ratio", "pg/clipfrac")
 # one look per run (line style, marker, hollow or filled), so where two runs coincide both stay visible
@@ -36,6 +36,9 @@ STYLES = [dict(linestyle="-", marker="o", markersize=7, markerfacecolor="none"),
 FIGURES = [  # (file stem, title, [metric keys], one panel per key)
     ("success", "Success rate of the training rollouts", ["rollout/success_rate", "rollout/return_mean"]),
     ("success_per_group", "Success rate per task type / data source", None),  # keys: from the runs
+    # drawn only for runs with --eval-every (heldout.jsonl beside metrics.jsonl); x = updates done (0: the start)
+    ("heldout", "Held-out tasks, plain prompt (seed_rl.py --eval-every)", ["heldout/success_rate",
+                                                                          "heldout/invalid_rate"]),
     ("episode_length", "Episode length (steps)", ["rollout/episode_length"]),
     ("invalid_rate", "Invalid-action rate", ["rollout/invalid_rate"]),
     ("opd_loss", "OPD loss", ["loss/opd"]),
@@ -55,6 +58,22 @@ def number(v):
         return None
     return float(v)
 
+
+
+def heldout_series(path):
+    """seed_rl.py's heldout.jsonl -> {heldout/success_rate, heldout/invalid_rate: [(updates done, value)]} over
+    the episodes without an env failure (a point replayed on resume: each episode once)."""
+    points = {}
+    for r in read_jsonl(path) if os.path.isfile(path) else []:
+        if isinstance(r, dict) and not r.get("env_failure"):
+            points.setdefault(r["update"], {})[r["uid"]] = r
+    out = {}
+    for u, eps in sorted(points.items()):
+        steps = [st for ep in eps.values() for st in ep["steps"]]
+        out.setdefault("heldout/success_rate", []).append((u, sum(bool(ep["success"]) for ep in eps.values()) / len(eps)))
+        if steps:
+            out.setdefault("heldout/invalid_rate", []).append((u, sum(not st["valid"] for st in steps) / len(steps)))
+    return out
 
 
 def write_report(paths, out, smooth=1):
@@ -91,6 +110,7 @@ def write_report(paths, out, smooth=1):
             for k, v in rec.items():
                 if number(v) is not None:
                     series.setdefault(k, []).append((x, number(v)))
+        series.update(heldout_series(os.path.join(os.path.dirname(file), "heldout.jsonl")))
         if skipped:
             notes.append(f"{label}: {skipped} lines of {file} are not JSON objects (skipped)")
         updates = max((x for pts in series.values() for x, _ in pts), default=0)
@@ -109,6 +129,8 @@ def write_report(paths, out, smooth=1):
                     key=lambda k: min(list(r["series"]).index(k) for r in runs if k in r["series"]))
     figures = []
     for stem, title, keys in FIGURES:
+        if stem == "heldout" and not any(k in r["series"] for r in runs for k in keys):
+            continue  # no run evaluated held-out tasks
         keys = groups if keys is None else keys
         panels = []
         for key in keys:

@@ -177,3 +177,8 @@ def test_heldout_eval_in_two_processes_changes_no_update_and_resumes_without_dup
     rows = heldout(out)
     assert len(rows) == 9 and len({(r["update"], r["uid"]) for r in rows}) == 9
     assert [r["update"] for r in metrics(out)] == [1, 2]
+    # the training report draws the held-out curve: 3 points (updates done 0, 1, 2)
+    run_script(["evaluate.py", "--report", out, "--out", str(tmp_path / "report")], timeout=300)
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    (fig,) = [f for f in report["figures"] if f["file"] == "heldout.png"]
+    assert fig["panels"][0]["drawn"] == {"heldout": 3} and fig["panels"][1]["drawn"] == {"heldout": 3}
