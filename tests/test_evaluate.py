@@ -309,17 +309,17 @@ def test_ctrl_c_saves_every_finished_episode_and_says_how_to_resume(tmp_path):
 
 def test_heldout_series_by_hand(tmp_path):
     """common/report.py's held-out curve from seed_rl.py's heldout.jsonl: per point, the share of episodes won and
-    of steps invalid, env failures left out, a replayed episode counted once."""
+    of steps invalid, env failures left out, an episode on file twice counted once (its last row)."""
     from common.report import heldout_series
     rows = [dict(uid="a", update=0, success=False, env_failure=None, steps=[{"valid": False}, {"valid": True}]),
             dict(uid="b", update=0, success=True, env_failure=None, steps=[{"valid": True}]),
             dict(uid="c", update=0, success=False, env_failure="worker died", steps=[]),
             dict(uid="a", update=2, success=True, env_failure=None, steps=[{"valid": True}]),
             dict(uid="b", update=2, success=True, env_failure=None, steps=[{"valid": True}] * 3),
-            dict(uid="b", update=2, success=True, env_failure=None, steps=[{"valid": True}] * 3)]  # replayed
+            dict(uid="b", update=2, success=False, env_failure=None, steps=[{"valid": False}])]  # replayed: the last
     path = tmp_path / "heldout.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     got = heldout_series(str(path))
-    assert got["heldout/success_rate"] == [(0, 0.5), (2, 1.0)]
-    assert got["heldout/invalid_rate"] == [(0, 1 / 3), (2, 0.0)]
+    assert got["heldout/success_rate"] == [(0, 0.5), (2, 0.5)]
+    assert got["heldout/invalid_rate"] == [(0, 1 / 3), (2, 0.5)]
     assert heldout_series(str(tmp_path / "none.jsonl")) == {}
