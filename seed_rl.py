@@ -423,7 +423,8 @@ def parse_args():
     add_log_to_arg(g)
     args = p.parse_args()
     require_positive(args, "updates", "tasks_per_update", "group_size", "max_steps", "max_new_tokens", "mini_batch",
-                     "micro_batch", "workers", "checkpoint_every", "eval_samples", "eval_max_steps")  # --save-every 0: no checkpoints (timing runs)
+                     "micro_batch", "workers", "checkpoint_every", "eval_samples",
+                     "eval_max_steps")  # --save-every 0: no checkpoints (timing runs)
     if not args.activation_checkpointing and (args.checkpoint_policy != "full" or args.checkpoint_every != 1):
         sys.exit("--checkpoint-policy/--checkpoint-every choose how layers are recomputed, and "
                  "--no-activation-checkpointing recomputes none: drop one or the other")

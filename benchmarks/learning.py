@@ -332,8 +332,9 @@ def _has_module(name):
 
 
 def plan_jobs(args, lanes=1):
-    """(config, start, group, start-eval job (None with --eval-in-run), run jobs): each job a dict (JSON-able: benchmarks/remote writes it
-    to its folder for a detached runner). lanes: how many jobs share the GPU at once (GPU shares, workers)."""
+    """(config, start, group, start-eval job (None with --eval-in-run), run jobs): each job a dict (JSON-able:
+    benchmarks/remote writes it to its folder for a detached runner). lanes: how many jobs share the GPU at once
+    (GPU shares, workers)."""
     os.makedirs(args.scratch, exist_ok=True)
     start_model = materialize_tiny(args.scratch) if args.model == "tiny" else args.model
     start = describe_start(start_model, args.model, args.start_label)

@@ -17,7 +17,8 @@
   hf                common.backends.HFBackend (transformers `generate`, bf16, SDPA) on the first --hf-prompts
   sync              the weight sync of seed_rl.py's every update (sync_engine without the sleep/wake): an
                     FSDP2-sharded fp32 policy of the same weights gathered parameter by parameter in bf16 into the
-                    engine (vLLM's, else the HF one); seconds and GB/s of the weights sent (bf16; fp32 on CPU). The fp32 policy sits
+                    engine (vLLM's, else the HF one); seconds and GB/s of the weights sent (bf16; fp32 on
+                    CPU). The fp32 policy sits
                     beside the engine: 4 bytes per parameter (the 3B shape: --gpu-memory-utilization 0.5)
 vLLM variants run --repeats times, interleaved; the fastest of each is reported. All of them share one engine,
 with the model runner the project's backend picks (V2, unless VLLM_USE_V2_MODEL_RUNNER says otherwise).

@@ -70,7 +70,8 @@ def heldout_series(path):
     out = {}
     for u, eps in sorted(points.items()):
         steps = [st for ep in eps.values() for st in ep["steps"]]
-        out.setdefault("heldout/success_rate", []).append((u, sum(bool(ep["success"]) for ep in eps.values()) / len(eps)))
+        won = sum(bool(ep["success"]) for ep in eps.values())
+        out.setdefault("heldout/success_rate", []).append((u, won / len(eps)))
         if steps:
             out.setdefault("heldout/invalid_rate", []).append((u, sum(not st["valid"] for st in steps) / len(steps)))
     return out
