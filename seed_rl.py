@@ -61,7 +61,7 @@ from common.rollout import (add_kv_cache_arg, add_rollout_args, play_episodes, r
                             summarize_episodes)
 from common.checkpoints import latest_checkpoint, save_checkpoint_dir, save_hf_checkpoint
 from common.packing import gather_response, make_batch, packed_attention, response_select
-from common.training import FUSED, adamw_impl, check_fused, full_params, init_distributed, print0, shard_model
+from common.training import add_fused_arg, adamw_impl, check_fused, full_params, init_distributed, print0, shard_model
 from prompts import build_analysis_prompt, chat_prompt, parse_analysis
 
 # ====================================================================================================
@@ -394,10 +394,7 @@ def parse_args():
     g.add_argument("--checkpoint-every", type=int, default=1,
                    help="checkpoint every N-th decoder layer (1 = all; 2 = half: memory the step does not need "
                         "buys back speed)")
-    g.add_argument("--fused", default="off", choices=list(FUSED),
-                   help="fused kernels in the decoder layers (common/training.py fuse_layers): off; liger = "
-                        "liger-kernel's Triton RMSNorm, SwiGLU and rotary (GPU, requirements-gpu.txt); compile = "
-                        "torch.compile of each layer. Kernels, not the math: a resumed run may change it")
+    add_fused_arg(g)
     g = p.add_argument_group("held-out evaluation during training (off by default; evaluate.py is the full report)")
     g.add_argument("--eval-every", type=int, default=0, help="play the held-out tasks with the plain prompt (no "
                    "skill: what is deployed) before the first update, every N updates and after the last, with the "
@@ -486,8 +483,8 @@ def main():
         #    episode (teacher mask 0); it still trains with GRPO.
         with tm.phase("sync"):
             sync_engine(engine, policy, run.sync_dtype)
-        if args.eval_every and update % args.eval_every == 0 and update not in run.eval_done:
-            with tm.phase("heldout"):  # the policy after `update` updates (0: the start), before this rollout
+        if heldout_due(run, args, update):  # the policy after `update` updates (0: the start), before this rollout
+            with tm.phase("heldout"):
                 heldout_eval(run, args, env, update, rank, world)
         tasks = run.stream[update * args.tasks_per_update:(update + 1) * args.tasks_per_update]
         specs = [dict(tasks[g], uid=f"u{update}/g{g}/r{r}", group=g, rollout=r, seed=args.seed, update=update)
@@ -575,7 +572,7 @@ def main():
         if rank == 0:
             append_jsonl(metrics_f, metrics)  # the source of truth; the tracker (--log-to) only mirrors it
             run.tracker.log(metrics)
-    if args.eval_every and args.updates not in run.eval_done:  # the end policy, whatever N divides
+    if heldout_due(run, args, args.updates):  # the end policy, whatever N divides
         sync_engine(engine, policy, run.sync_dtype)
         heldout_eval(run, args, env, args.updates, rank, world)
     run.pool.close()
@@ -879,6 +876,12 @@ def heldout_plan(env, args):
         plan += [dict(g, uid=f"{g['task_id']}#s{k}", group=gi, rollout=k, sample=k, seed=args.eval_seed)
                  for gi, g in enumerate(games) for k in range(args.eval_samples)]
     return plan
+
+
+def heldout_due(run, args, after):
+    """--eval-every: the policy after `after` updates is evaluated (0, every N, the last) unless it is on file."""
+    return (args.eval_every > 0 and (after % args.eval_every == 0 or after == args.updates)
+            and after not in run.eval_done)
 
 
 def heldout_done(out, plan):

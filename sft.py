@@ -62,7 +62,7 @@ from common.records import (append_jsonl, args_diff, check_resume, open_jsonl_fo
 from common.rollout import step_prompt
 from common.checkpoints import latest_checkpoint, save_checkpoint_dir, save_hf_checkpoint
 from common.packing import make_batch, packed_attention, response_select
-from common.training import FUSED, adamw_impl, check_fused, init_distributed, print0, shard_model
+from common.training import add_fused_arg, adamw_impl, check_fused, init_distributed, print0, shard_model
 from prompts.chat import sft_example
 
 def data_env(argv):
@@ -118,10 +118,7 @@ p.add_argument("--packing", default="auto", choices=["auto", "on", "off"],
                "else PyTorch's varlen flash kernel, else FlexAttention), padded on CPU")
 p.add_argument("--activation-checkpointing", action="store_true",
                help="recompute each decoder layer in backward (less memory)")
-p.add_argument("--fused", default="off", choices=list(FUSED),
-               help="fused kernels in the decoder layers (common/training.py fuse_layers): off; liger = "
-                    "liger-kernel's Triton RMSNorm, SwiGLU and rotary (GPU, requirements-gpu.txt); compile = "
-                    "torch.compile of each layer. Kernels, not the math: a resumed run may change it")
+add_fused_arg(p)
 p.add_argument("--save-every", type=int, default=50, help="trainer checkpoint every N steps (and at each epoch end)")
 p.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16"],
                help="dtype of the HF checkpoints (float32 = the exact master weights Stage 2 continues from)")

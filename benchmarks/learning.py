@@ -498,27 +498,13 @@ def eval_summary(results_path):
     if not r:
         return None
     out = {"splits": {}, "elapsed_s": r.get("elapsed_s"), "model": r.get("model")}
-    keys = ("success", "avg", "score", "invalid", "inadmissible", "length")
     for s, x in r["splits"].items():
         sp = x["success_pct"]
         out["splits"][s] = {"episodes": x["episodes"], "success": sp["All"]["mean"], "avg": sp["Avg"]["mean"],
                             "score": x["score_pct"]["All"], "invalid": x["invalid_action_pct"]["All"],
                             "inadmissible": x["inadmissible_action_pct"]["All"], "length": x["episode_length"]["All"],
                             "per_group": {c: v["mean"] for c, v in sp.items() if c not in ("All", "Avg")}}
-    n = sum(v["episodes"] for v in out["splits"].values())
-    out["all"] = {"episodes": n}
-    # per task: its episodes' success (0/1, one per sample), so that two policies evaluated on the same tasks
-    # are compared task by task (learning_report.py's paired bootstrap)
-    per_task = {}
-    for ep in read_jsonl(os.path.join(os.path.dirname(results_path), "trajectories.jsonl")):
-        if not ep.get("env_failure"):
-            per_task.setdefault(ep["task_id"], []).append(int(bool(ep["success"])))
-    out["per_task"] = per_task
-    for k in keys:
-        vals = [(v[k], v["episodes"]) for v in out["splits"].values() if v[k] is not None]
-        w = sum(e for _, e in vals)
-        out["all"][k] = round(sum(x * e for x, e in vals) / w, 3) if w else None
-    return out
+    return pool_summary(out, read_jsonl(os.path.join(os.path.dirname(results_path), "trajectories.jsonl")))
 
 
 def heldout_summary(path, env_name, update):
@@ -540,15 +526,22 @@ def heldout_summary(path, env_name, update):
                                 "score": pct(summ["All"]["score"]), "invalid": pct(summ["All"]["invalid_rate"]),
                                 "inadmissible": pct(summ["All"]["inadmissible_rate"]), "length": summ["All"]["length"],
                                 "per_group": groups}
+    return pool_summary(out, rows)
+
+
+def pool_summary(out, episodes):
+    """Completes a summary from its per-split figures (out["splits"]): "all", the splits pooled (weighted by
+    episodes), and "per_task", each task's episodes' success (0/1, one per sample), so that two policies
+    evaluated on the same tasks are compared task by task (learning_report.py's paired bootstrap)."""
     out["all"] = {"episodes": sum(v["episodes"] for v in out["splits"].values())}
     for k in ("success", "avg", "score", "invalid", "inadmissible", "length"):
         vals = [(v[k], v["episodes"]) for v in out["splits"].values() if v[k] is not None]
         w = sum(e for _, e in vals)
         out["all"][k] = round(sum(x * e for x, e in vals) / w, 3) if w else None
     out["per_task"] = {}
-    for r in rows:
-        if not r.get("env_failure"):
-            out["per_task"].setdefault(r["task_id"], []).append(int(bool(r["success"])))
+    for ep in episodes:
+        if not ep.get("env_failure"):
+            out["per_task"].setdefault(ep["task_id"], []).append(int(bool(ep["success"])))
     return out
 
 

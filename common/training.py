@@ -109,6 +109,14 @@ def shard_model(model, device, *, train=True, activation_checkpointing=False, ch
 FUSED = ("off", "liger", "compile")
 
 
+def add_fused_arg(parser):
+    """--fused: seed_rl.py and sft.py."""
+    parser.add_argument("--fused", default="off", choices=list(FUSED),
+                        help="fused kernels in the decoder layers (common/training.py fuse_layers): off; liger = "
+                             "liger-kernel's Triton RMSNorm, SwiGLU and rotary (GPU, requirements-gpu.txt); compile = "
+                             "torch.compile of each layer. Kernels, not the math: a resumed run may change it")
+
+
 def check_fused(mode, device):
     """Refuse, in one line and before any model loads, a --fused mode that cannot run here."""
     if mode not in FUSED:
