@@ -276,3 +276,15 @@ def test_real_scripts_tiny_model(tmp_path):
         assert r["eval"]["start"]["all"]["episodes"] == 2 and r["eval"]["end"]["all"]["episodes"] == 2
     rep = run_script(["benchmarks/learning_report.py", "--results-dir", str(res)]).stdout
     assert "SEED - GRPO" in rep and (res / "report" / "report.md").exists()
+
+
+def test_eval_estimate_scales_with_the_panel():
+    """The driver's time estimate for a held-out evaluation grows with its episodes (by hand: EST's 0.5 s each
+    alone, at least 50 s, x1.9 side by side), so a 274-game panel is not budgeted like 24 games."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks", "remote"))
+    from learning_remote import eval_seconds
+    all_games = {"limit": 0, "splits": None}
+    assert eval_seconds(all_games, 1) == pytest.approx((140 + 134) * 0.5)
+    assert eval_seconds(dict(all_games, samples=2), 3) == pytest.approx(274 * 0.5 * 2 * 1.9)
+    assert eval_seconds({"limit": 12, "splits": None}, 1) == 50  # 24 episodes: the floor
+    assert eval_seconds({"limit": 0, "splits": "val", "samples": 4}, 1) == pytest.approx(100 * 4 * 0.5)

@@ -57,7 +57,10 @@ from learning import (REPO, Results, add_run, attempt_record, build_parser, fini
 # --lanes 2 (two SEED runs) and 35-38 s at --lanes 3, GRPO 24-27 s at --lanes 3: ~1.5-2.1x alone, so 1.9; two end
 # evaluations side by side had not finished after 147 s (the gate stops one while the other's engine starts), so
 # the evaluation slows by as much.
-EST = dict(startup=100, save=30, eval=95, per_update={"seed": 20.0, "grpo": 16.5}, lane_slowdown=1.9)
+EST = dict(startup=100, save=30, eval_start=45, eval_min=50, eval_episode=0.5, per_update={"seed": 20.0, "grpo": 16.5},
+           lane_slowdown=1.9)
+# held-out tasks per split when --eval-limit is 0 (all of them); a split not named here counts as 100
+SPLIT_TASKS = {"valid_seen": 140, "valid_unseen": 134, "val": 100}
 
 
 def parse_args(argv=None):
@@ -360,7 +363,7 @@ def kill_job(job, proc=None):
 def estimate(job, results, lanes):
     """Seconds a job will take: the median of finished runs of the same group and method, else EST."""
     if job["kind"] == "start_eval":
-        return EST["startup"] * 0.5 + EST["eval"]
+        return EST["eval_start"] + eval_seconds(job["config"]["eval"], lanes)
     same = [r["compute"]["train_wall_s"] + (r["compute"]["eval_wall_s"] or 0) for r in read_jsonl(results.path["runs"])
             if r["group"] == job["group"] and r["method"] == job["method"] and r["compute"]["lanes"] == lanes
             and r["eval"].get("end")]  # a salvaged run has no end evaluation
@@ -371,7 +374,15 @@ def estimate(job, results, lanes):
              * (EST["lane_slowdown"] if lanes > 1 else 1))
     evals = 2 if c["eval"].get("in_run") else 1  # in the run: its start and its end, with no engine start of their own
     return (EST["startup"] + c["updates"] * EST["per_update"][job["method"]] * scale + EST["save"]
-            + evals * EST["eval"] * (EST["lane_slowdown"] if lanes > 1 else 1))
+            + evals * (eval_seconds(c["eval"], lanes) + (0 if c["eval"].get("in_run") else EST["eval_start"])))
+
+
+def eval_seconds(e, lanes):
+    """One held-out evaluation's playing time (no engine start): its episodes at EST's rate (2 s per 24 games alone,
+    ~1 episode/s side by side, measured on the H200), at least EST["eval_min"] (the longest episode's steps)."""
+    splits = (e["splits"] or "valid_seen,valid_unseen").split(",")
+    episodes = sum(e["limit"] or SPLIT_TASKS.get(s.strip(), 100) for s in splits) * e.get("samples", 1)
+    return max(EST["eval_min"], episodes * EST["eval_episode"]) * (EST["lane_slowdown"] if lanes > 1 else 1)
 
 
 def collect(job, results, start_eval_job, wait_for_start=False):
