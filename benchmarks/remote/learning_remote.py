@@ -372,14 +372,15 @@ def estimate(job, results, lanes):
     c = job["config"]
     scale = (c["tasks_per_update"] * c["group_size"] / 16 * c["max_steps"] / 15
              * (EST["lane_slowdown"] if lanes > 1 else 1))
-    evals = 2 if c["eval"].get("in_run") else 1  # in the run: its start and its end, with no engine start of their own
-    return (EST["startup"] + c["updates"] * EST["per_update"][job["method"]] * scale + EST["save"]
-            + evals * (eval_seconds(c["eval"], lanes) + (0 if c["eval"].get("in_run") else EST["eval_start"])))
+    # in the run: its start and its end, with no engine start of their own; else one evaluate.py job
+    one = eval_seconds(c["eval"], lanes)
+    evals = 2 * one if c["eval"].get("in_run") else EST["eval_start"] + one
+    return EST["startup"] + c["updates"] * EST["per_update"][job["method"]] * scale + EST["save"] + evals
 
 
 def eval_seconds(e, lanes):
-    """One held-out evaluation's playing time (no engine start): its episodes at EST's rate (2 s per 24 games alone,
-    ~1 episode/s side by side, measured on the H200), at least EST["eval_min"] (the longest episode's steps)."""
+    """One held-out evaluation's playing time (no engine start): its episodes at EST["eval_episode"] s each alone
+    (~1 episode/s side by side, seen on the H200), at least EST["eval_min"] (the longest episode's steps)."""
     splits = (e["splits"] or "valid_seen,valid_unseen").split(",")
     episodes = sum(e["limit"] or SPLIT_TASKS.get(s.strip(), 100) for s in splits) * e.get("samples", 1)
     return max(EST["eval_min"], episodes * EST["eval_episode"]) * (EST["lane_slowdown"] if lanes > 1 else 1)
