@@ -106,7 +106,7 @@ def test_the_engine_gate_keeps_engine_starts_apart(fake):
     torchrun, as on the GPU: its worker runs in a session of its own, so the gate stops process trees; but not
     the env workers in them (their beats go on: the env pool's deadlines are wall-clock)."""
     fake("--methods", "seed,grpo", "--seeds", "0", "--lanes", "2", "--launcher", "torchrun",
-         env={"FAKE_VLLM": "1.5", "FAKE_SLEEP": "1.5"}, timeout=180)
+         env={"FAKE_VLLM": "1.5", "FAKE_SLEEP": "1.5", "FAKE_BARRIER": f"{fake.res.parent}/barrier:2"}, timeout=180)
     runs = read(fake.res / "runs.jsonl")
     assert len(runs) == 2 and all(r["compute"]["frozen_s"] > 0.5 for r in runs)
     assert all(r["compute"]["lanes"] == 2 and r["compute"]["gpu_util_train"] == 0.2 for r in runs)
@@ -129,7 +129,7 @@ def test_with_a_fixed_kv_cache_engine_starts_stay_apart_but_nobody_else_stops(fa
     another job's engine starts; the engine starts themselves still take turns (vLLM's compile cache is written by
     the first). The flag reaches seed_rl.py, and is a compute flag (the same group as without it)."""
     fake("--methods", "seed,grpo", "--seeds", "0", "--lanes", "2", "--launcher", "torchrun", "--kv-cache-gib", "2",
-         env={"FAKE_VLLM": "1.5", "FAKE_SLEEP": "1.5"}, timeout=180)
+         env={"FAKE_VLLM": "1.5", "FAKE_SLEEP": "1.5", "FAKE_BARRIER": f"{fake.res.parent}/barrier:2"}, timeout=180)
     runs = read(fake.res / "runs.jsonl")
     assert len(runs) == 2 and all("--kv-cache-gib 2.0" in r["commands"]["train"] for r in runs)
     beats = {}
@@ -155,7 +155,7 @@ def test_with_a_fixed_kv_cache_a_warm_machine_starts_engines_side_by_side(fake):
     fake("--methods", "grpo", "--seeds", "0", "--launcher", "torchrun", "--kv-cache-gib", "2", env=env, timeout=180)
     assert sorted(p.name for p in fake.scratch.glob("engine.warm.*")) == ["engine.warm.train"]
     fake("--methods", "seed,grpo", "--seeds", "1", "--lanes", "2", "--launcher", "torchrun", "--kv-cache-gib", "2",
-         env=env, timeout=180)
+         env=dict(env, FAKE_BARRIER=f"{fake.res.parent}/barrier:2"), timeout=180)
     runs = [r for r in read(fake.res / "runs.jsonl") if r["seed"] == 1]
     assert len(runs) == 2 and all(r["compute"]["frozen_s"] < 0.3 for r in runs)
     windows = []

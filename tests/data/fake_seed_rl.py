@@ -3,6 +3,8 @@ benchmarks/learning.py reads, seed_manifest.json, hf/final), no model. Env knobs
   FAKE_VLLM=S   print a vLLM-style log line, then a "profiling window" of S seconds writing W beats, then
                 vLLM's "init engine ... took" line (what the engine gate watches)
   FAKE_SLEEP=S  seconds per update, writing R beats (so a test can see when this process was running)
+  FAKE_BARRIER=DIR:N  before the engine start, wait (up to 60 s) until N jobs have reached it (a file each in
+                DIR), so that side-by-side jobs reach their engine starts together whatever their start-up times
 --eval-every N writes heldout.jsonl (2 tasks per split: at the end the first is won; at the start, with --seed 1,
 the second; else none).
 An env-worker stand-in (its argv holds "envs.pool", as `python -m envs.pool ...` does) writes E beats all along."""
@@ -40,6 +42,15 @@ def beat(kind, seconds):
         time.sleep(0.02)
 
 
+if os.environ.get("FAKE_BARRIER"):
+    # a cold start of torchrun (torch's import) can differ between two jobs by more than the profiling window;
+    # the tests are about what happens when engine starts collide, so the jobs are lined up first
+    bar, n = os.environ["FAKE_BARRIER"].rsplit(":", 1)
+    os.makedirs(bar, exist_ok=True)
+    open(os.path.join(bar, str(os.getpid())), "w").close()
+    t_bar = time.time()
+    while len(os.listdir(bar)) < int(n) and time.time() - t_bar < 60:
+        time.sleep(0.01)
 if os.environ.get("FAKE_VLLM"):
     print("INFO 12-03 12:00:00 [fake.py:1] engine starting", flush=True)
     time.sleep(0.6)  # the gate reads the line within 0.25 s; the profiling starts after it
