@@ -415,7 +415,8 @@ def parse_args():
     g.add_argument("--seed", type=int, default=0, help="task stream, sampling and mini-batch order")
     g.add_argument("--save-every", type=int, default=10, help="trainer checkpoint + HF checkpoint every N updates "
                    "and after the last; 0: none (timing runs: benchmarks/rollout_async.py)")
-    g.add_argument("--dump-examples", type=int, default=4, help="plain-vs-skill examples dumped per update")
+    g.add_argument("--dump-examples", type=int, default=4, help="steps dumped per update to examples.jsonl: "
+                   "plain-vs-skill scores of the same tokens (GRPO: the plain scores)")
     g.add_argument("--out", default="runs/seed", help="output folder (metrics, examples, checkpoints, manifest)")
     add_log_to_arg(g)
     args = p.parse_args()
@@ -852,14 +853,19 @@ def progress_line(update, args, metrics):
 
 
 def dump_examples(f, update, samples, episodes, skills, tokenizer, n):
-    """Plain vs skill scores of the same sampled actions, so a reader can *see* the OPD signal."""
-    for s in [s for s in samples if s["teacher_mask"]][:n]:
-        ep = episodes[s["ep"]]
+    """Plain vs skill scores of the same sampled actions, so a reader can *see* the OPD signal. Without a teacher
+    pass (GRPO, or no skill parsed) the first sampled steps with their plain scores: what the policy now writes,
+    which is what a collapsing run (invalid or inadmissible rate rising) needs read."""
+    taught = [s for s in samples if s["teacher_mask"]]
+    for s in (taught or samples)[:n]:
+        ep, st = episodes[s["ep"]], episodes[s["ep"]]["steps"][s["step"]]
+        gap = (s["teacher_lp"] - s["old_lp"]).tolist() if taught else None
         append_jsonl(f, {"update": update + 1, "uid": ep["uid"], "step": s["step"] + 1, "skill": skills[s["ep"]],
-                         "action": ep["steps"][s["step"]]["action"],
+                         "action": st["action"], "valid": st.get("valid"),
+                         "admissible": st.get("admissible_action"), "advantage": float(s["adv"]),
                          "tokens": [tokenizer.decode([t]) for t in s["response_ids"]],
-                         "plain_lp": s["old_lp"].tolist(), "teacher_lp": s["teacher_lp"].tolist(),
-                         "gap": (s["teacher_lp"] - s["old_lp"]).tolist()})
+                         "plain_lp": s["old_lp"].tolist(), "teacher_lp": s["teacher_lp"].tolist() if taught else None,
+                         "gap": gap})
 
 
 # ====================================================================================================

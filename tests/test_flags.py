@@ -139,8 +139,7 @@ SEED_RL_GENERIC = {
     "gpu_memory_utilization", "kv_cache_gib", "lr", "warmup_ratio", "mini_batch", "micro_tokens", "packing", "clip_eps",
     "dual_clip", "grad_clip", "kl_coef", "opd_coef", "adv_mode", "adv_norm", "activation_checkpointing", "fused", "seed",
     "save_every", "out", "log_to", "max_steps", "history", "max_prompt_tokens", "max_new_tokens", "temperature", "invalid_penalty",
-    # the plain-vs-skill dumps: with --opd-coef 0 there are none, but the matched GRPO arm of benchmarks/learning.py
-    # and benchmarks/remote/h200.sh part C passes the same value as SEED's (the file is written, empty)
+    # the dumps: plain-vs-skill scores for SEED; with --opd-coef 0 (GRPO) the sampled steps and their plain scores
     "dump_examples", "eval_every"}
 SFT_GENERIC = {"model", "data", "bc_data", "out", "epochs", "lr", "max_length", "batch_size", "micro_batch",
                "warmup_ratio", "weight_decay", "grad_clip", "packing", "activation_checkpointing", "save_every",

@@ -63,6 +63,24 @@ def test_one_process_run_logs_every_metric_and_a_nonzero_opd_signal(one_process)
     AutoModelForCausalLM.from_pretrained(os.path.join(one_process, "hf", "final"))
 
 
+def test_grpo_dumps_what_the_policy_writes(tmp_path):
+    """--opd-coef 0 (GRPO): no teacher pass, so examples.jsonl holds the first sampled steps with their plain scores,
+    the env's verdict and the episode's advantage (what a collapsing run needs read); no gap (the report skips it)."""
+    out = tmp_path / "grpo"
+    run_script(["seed_rl.py", *[f for f in FLAGS if f not in ("--analyzer-model", "scripted")], "--opd-coef", "0",
+                "--updates", "1", "--dump-examples", "4", "--out", str(out)], timeout=900)
+    with open(out / "examples.jsonl") as f:
+        ex = [json.loads(line) for line in f]
+    assert len(ex) == 4 and all(e["update"] == 1 and e["teacher_lp"] is None and e["gap"] is None for e in ex)
+    for e in ex:
+        assert len(e["tokens"]) == len(e["plain_lp"]) > 0 and all(lp <= 0.0 for lp in e["plain_lp"])
+        assert isinstance(e["valid"], bool) and isinstance(e["advantage"], float)
+    # the dumped steps are the first episodes' (group g0, rollouts r0 and r1): GRPO's advantages of a group of two
+    # are equal and opposite (both 0 when the two returns are equal, as for this random model's invalid episodes)
+    adv = {e["uid"]: e["advantage"] for e in ex}
+    assert sorted(adv) == ["u0/g0/r0", "u0/g0/r1"] and adv["u0/g0/r0"] == pytest.approx(-adv["u0/g0/r1"], abs=1e-6)
+
+
 def test_two_processes_match_one_process(one_process, tmp_path):
     out = str(tmp_path / "seed2")
     run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "seed_rl.py", *FLAGS,
