@@ -405,7 +405,7 @@ def group_markdown(g, figs):
           + (f", max new tokens {c['max_new_tokens']}" if c.get("max_new_tokens") else "")
           + (f", seed_rl.py {' '.join(c['seed_rl_args'])}" if c["seed_rl_args"] else "")
           + (f", env {' '.join(c['env_args'])}" if c["env_args"] else ""),
-          f"- evaluation: plain prompt, {e['limit']} tasks per split ({e['splits'] or 'the env default splits'}), "
+          f"- evaluation: plain prompt, {str(e['limit']) + ' tasks per split' if e['limit'] else 'every task of each split'} ({e['splits'] or 'the env default splits'}), "
           f"eval seed {e['seed']}, {e['max_steps']} steps; the start is evaluated once and shared by every run",
           "- seeds: " + "; ".join(f"{LABEL.get(m, m)} {g['seeds'][m]}" for m in g["methods"])
           + f"; matched (both methods): {g['matched_seeds']}",
