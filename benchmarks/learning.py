@@ -3,7 +3,8 @@
 SEED and GRPO (`seed_rl.py --opd-coef 0`) start from the same weights with matched seeds (same task stream,
 same sampling seeds: update 1 plays the same episodes in both) and run a fixed number of updates. For each seed
 and method this runs the real `seed_rl.py` in a subprocess, then `evaluate.py` of its end policy on held-out
-tasks with the plain prompt; the start is evaluated once (shared by every run of that start). One small JSONL
+tasks with the plain prompt; the start is evaluated once per start weights (shared by every run from them; a start
+made again from the same recipe, other weights, is evaluated again when a run needs it). One small JSONL
 record per finished run goes to results/learning/runs.jsonl; at the end `benchmarks/learning_report.py` pools
 every record on file into results/learning/report/.
 
@@ -340,7 +341,11 @@ def plan_jobs(args, lanes=1):
     start = describe_start(start_model, args.model, args.start_label)
     cfg = make_config(args)
     group = short_hash({"env": args.env, "config": cfg, "start": start["label"]})
-    eval_key = short_hash({"env": args.env, "eval": cfg["eval"], "env_args": cfg["env_args"], "start": start["label"]})
+    # the start's evaluation belongs to its weights, not only to its label: a start made again from the same recipe
+    # (the BC SFT on a fresh machine) is another policy, so it gets its own evaluation, and the report compares each
+    # run's end with its own start's (the group, by label, still pools the runs of one recipe)
+    eval_key = short_hash({"env": args.env, "eval": cfg["eval"], "env_args": cfg["env_args"], "start": start["label"],
+                           "weights": start["weights_sha256"]})
     cores = os.cpu_count() or 2
     workers = args.workers or max(1, min(cfg["tasks_per_update"] * cfg["group_size"], cores // max(1, lanes)))
     eval_workers = args.workers or max(1, min(8, cores // max(1, lanes)))
@@ -667,7 +672,7 @@ def main(argv=None):
     for job in runs:
         if job not in todo:
             print(f"  {job['job_id']}: finished, on file (skipped)")
-    need_start = start_eval is not None and start_eval["eval_key"] not in results.evals
+    need_start = start_eval is not None and start_eval["eval_key"] not in results.evals and bool(todo)
     if args.dry_run:
         for job in ([start_eval] if need_start else []) + todo:
             print(f"\n{job['job_id']}")

@@ -243,16 +243,20 @@ def analyze_group(runs):
     # end is then compared with its own start
     starts = [r["eval"].get("start") for r in runs if r["eval"].get("start")]
     in_run = any(r["eval"].get("start_in_run") for r in runs)
-    out["start_in_run"] = in_run
+    # each run's end is compared with its own start's evaluation where the starts were evaluated apart: inside each
+    # run (--eval-in-run), or once per start made (the recipe made again, e.g. the BC SFT on another machine: its
+    # weights differ, so benchmarks/learning.py gives it another eval_key)
+    per_run = in_run or len({r.get("eval_key") for r in runs}) > 1
+    out["start_in_run"], out["start_per_run"] = in_run, per_run
     splits = sorted({s for r in runs for s in ((r["eval"].get("end") or {}).get("splits") or {})})
     for split in ["all"] + splits:
-        ev = {"start": {k: (mean_ci([eval_value(x, k, split) for x in starts])["mean"] if in_run
+        ev = {"start": {k: (mean_ci([eval_value(x, k, split) for x in starts])["mean"] if per_run
                             else eval_value(starts[0], k, split)) if starts else None for k, _ in EVAL_KEYS}}
         for m in methods:
             ev[m] = {}
             for k, _ in EVAL_KEYS:
                 ends = {s: eval_value(r["eval"].get("end"), k, split) for s, r in by[m].items()}
-                own = {s: eval_value(r["eval"].get("start"), k, split) if in_run else ev["start"][k]
+                own = {s: eval_value(r["eval"].get("start"), k, split) if per_run else ev["start"][k]
                        for s, r in by[m].items()}
                 ev[m][k] = {"end": mean_ci(list(ends.values())), "per_seed": ends,
                             "end_minus_start": mean_ci([v - own[s] for s, v in ends.items()
@@ -267,7 +271,7 @@ def analyze_group(runs):
     start_tasks = task_means(starts[0].get("per_task")) if starts else {}
     out["paired_tasks"] = {}
     for m in (methods if start_tasks else []):  # records from before per-task outcomes were kept: none
-        ci = paired_bootstrap(pooled_task_means(by[m].values(), "start") if in_run else start_tasks,
+        ci = paired_bootstrap(pooled_task_means(by[m].values(), "start") if per_run else start_tasks,
                               pooled_task_means(by[m].values()))
         out["paired_tasks"][f"{m}_end_minus_start"] = ci
         out["statements"].append(task_statement(LABEL.get(m, m), f"held-out success of the end policies (mean over "
@@ -406,7 +410,10 @@ def group_markdown(g, figs):
           + (f", seed_rl.py {' '.join(c['seed_rl_args'])}" if c["seed_rl_args"] else "")
           + (f", env {' '.join(c['env_args'])}" if c["env_args"] else ""),
           f"- evaluation: plain prompt, {str(e['limit']) + ' tasks per split' if e['limit'] else 'every task of each split'} ({e['splits'] or 'the env default splits'}), "
-          f"eval seed {e['seed']}, {e['max_steps']} steps; the start is evaluated once and shared by every run",
+          f"eval seed {e['seed']}, {e['max_steps']} steps; " + (
+              "each run evaluates its own start" if g.get("start_in_run") else
+              "each start made is evaluated once, and each run compared with its own" if g.get("start_per_run") else
+              "the start is evaluated once and shared by every run"),
           "- seeds: " + "; ".join(f"{LABEL.get(m, m)} {g['seeds'][m]}" for m in g["methods"])
           + f"; matched (both methods): {g['matched_seeds']}",
           f"- code: {', '.join(g['commits'])}; runs: {', '.join(g['runs'])}"]
@@ -439,6 +446,9 @@ def group_markdown(g, figs):
     if g.get("start_in_run"):
         md += ["Evaluated inside each run (`seed_rl.py --eval-every`): \"start\" is the mean of the runs' own start "
                "evaluations, and end - start pairs each run with its own start.", ""]
+    elif g.get("start_per_run"):
+        md += ["The start was made more than once (the same recipe, other weights): \"start\" is the mean of the "
+               "starts' evaluations, and end - start pairs each run with the evaluation of its own start.", ""]
     for split, ev in g["eval"].items():
         cols = (["start"] + [f"{LABEL.get(m, m)} end" for m in g["methods"]]
                 + [f"{LABEL.get(m, m)} end - start" for m in g["methods"]]

@@ -175,6 +175,21 @@ def test_detach_leaves_jobs_running_for_the_next_call(fake):
     assert len(read(fake.res / "runs.jsonl")) == 2
 
 
+@pytest.mark.parametrize("script", [PLAIN, REMOTE])
+def test_a_start_made_again_gets_its_own_evaluation_only_when_runs_need_it(fake, script):
+    """The start's evaluation is keyed by its weights too: the same label with other weights (the BC SFT made again
+    on another machine) is evaluated again, but only when a run is left to compare with it."""
+    fake("--methods", "grpo", "--seeds", "0", "--start-label", "bc", script=script)
+    assert len(read(fake.res / "evals.jsonl")) == 1
+    (fake.res.parent / "start" / "model.safetensors").write_text("other weights")
+    fake("--methods", "grpo", "--seeds", "0", "--start-label", "bc", script=script)  # its run is on file
+    assert len(read(fake.res / "evals.jsonl")) == 1
+    fake("--methods", "grpo", "--seeds", "0,1", "--start-label", "bc", script=script)  # seed 1 is new
+    evals, runs = read(fake.res / "evals.jsonl"), read(fake.res / "runs.jsonl")
+    assert len(evals) == 2 and len({e["eval_key"] for e in evals}) == 2 and len({r["group"] for r in runs}) == 1
+    assert sorted(r["eval_key"] for r in runs) == sorted(e["eval_key"] for e in evals)  # each run, its own start
+
+
 def test_merge_appends_only_new_records(fake, tmp_path):
     fake("--methods", "grpo", "--seeds", "0,1")
     home = tmp_path / "home"

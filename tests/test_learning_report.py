@@ -186,6 +186,32 @@ def test_a_run_without_its_end_evaluation_counts_in_the_curves_only(tmp_path):
     assert any("held-out invalid %" in s and "no end evaluation on file (3 run(s) without one)" in s for s in stmt)
 
 
+def test_a_start_made_twice_pairs_each_run_with_its_own_start(tmp_path):
+    """The same recipe's start made on two machines (the BC SFT again: other weights, so benchmarks/learning.py gives
+    it another eval_key): one group, but each run's end is compared with the evaluation of its own start."""
+    starts = {"ka": dict(START, all=dict(START["all"], invalid=80.0), per_task={"t1": [0], "t2": [0]}),
+              "kb": dict(START, all=dict(START["all"], invalid=60.0), per_task={"t1": [1], "t2": [0]})}
+    ends = {0: ("ka", 40.0, {"t1": [1], "t2": [1]}), 1: ("kb", 50.0, {"t1": [1], "t2": [0]})}
+    with open(tmp_path / "runs.jsonl", "w") as f:
+        for seed, (key, invalid, per_task) in ends.items():
+            r = record("grpo", seed)
+            r["eval_key"], r["eval"]["start"] = key, starts[key]
+            r["eval"]["end"] = dict(r["eval"]["end"], all=dict(r["eval"]["end"]["all"], invalid=invalid),
+                                    per_task=per_task)
+            f.write(json.dumps(r) + "\n")
+    rep = lr.write_report(str(tmp_path), str(tmp_path / "report"))
+    g = rep["groups"][0]
+    assert g["start_per_run"] and not g["start_in_run"]
+    ev = g["eval"]["all"]
+    assert ev["start"]["invalid"] == 70.0  # the mean of the two starts
+    # end - own start: 40 - 80 and 50 - 60 (mean -25); against the first start alone it would be -40, -30
+    assert ev["grpo"]["invalid"]["end_minus_start"]["mean"] == pytest.approx(-25.0)
+    # by task: starts pooled t1 0.5, t2 0; ends pooled t1 1, t2 0.5: +50 points on both (the first start alone: 100, 50)
+    ci = g["paired_tasks"]["grpo_end_minus_start"]
+    assert (ci["mean"], ci["lo"], ci["hi"]) == (50.0, 50.0, 50.0)
+    assert "each start made is evaluated once" in open(tmp_path / "report" / "report.md").read()
+
+
 def test_paired_bootstrap_by_task_hand_values():
     paired_bootstrap, task_means, task_statement = lr.paired_bootstrap, lr.task_means, lr.task_statement
     start = task_means({"a": [0], "b": [0], "c": [1], "d": [0], "only_start": [1]})

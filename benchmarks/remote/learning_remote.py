@@ -426,14 +426,15 @@ def drive(args):
           f"{cfg['max_steps']} steps, lr {cfg['lr']}; lanes {args.lanes}; results in {results.folder}", flush=True)
     # ---- what is on file, or finished in the scratch folder by a former call, is not run again
     todo = []
-    if (start_eval is not None and start_eval["eval_key"] not in results.ids["evals"]
-            and collect(start_eval, results, start_eval) != "on file"):
-        todo.append(start_eval)
+    start_done = (start_eval is None or start_eval["eval_key"] in results.ids["evals"]
+                  or collect(start_eval, results, start_eval) == "on file")
     for job in runs:
         if job["run_id"] in results.ids["runs"] or collect(job, results, start_eval) == "on file":
             print(f"  {job['job_id']}: finished, on file (skipped)")
         else:
             todo.append(job)
+    if todo and not start_done:  # the start's evaluation goes first, unless no run is left to compare with it
+        todo.insert(0, start_eval)
     if args.dry_run:
         for job in todo:
             print(f"\n{job['job_id']} (estimate {estimate(job, results, args.lanes):.0f} s)")
