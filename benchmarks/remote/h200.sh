@@ -77,6 +77,10 @@
 # ~5 minutes for each, side by side. On one H100 80GB (2026-12-05 evening) LANES=5 with TASKS=4 had no job past
 # update 1 after 225 s of driver time. Next: LANES=2-3 and LEARN_ARGS=--eval-in-run (each run evaluates its own
 # start and end with its own engine: no evaluate.py engine starts, no end weights written).
+# 2026-12-06 on one H100 (results/2026-12-06-learning-alfworld-bc-start-0.5b): START=bc LANES=3 SEEDS=0
+# METHODS=grpo,seed UPDATES=8 TASKS=3 without --eval-in-run (one start evaluation for both runs) fit two calls:
+# GRPO 27.8 s and SEED 37.4 s per update, the start's 274 games 261 s, each end evaluation ~230 s, peak 49.5 GiB.
+# At LR=1e-5 both arms collapsed from the peaked BC start within two updates: use the paper's 1e-6 (or 3e-6).
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part. Parts L and Q have their jobs'
