@@ -403,13 +403,14 @@ def figures(g, out_dir):
 def group_markdown(g, figs):
     c = g["config"]
     e = c["eval"]
+    tasks = f"{e['limit']} tasks per split" if e["limit"] else "every task of each split"  # limit 0: all
     md = [f"## Group `{g['group']}`: {g['env']}, start `{g['start']}`", "",
           f"- settings: {c['updates']} updates of {c['tasks_per_update']} tasks x {c['group_size']} episodes, "
           f"{c['max_steps']} steps, lr {c['lr']}"
           + (f", max new tokens {c['max_new_tokens']}" if c.get("max_new_tokens") else "")
           + (f", seed_rl.py {' '.join(c['seed_rl_args'])}" if c["seed_rl_args"] else "")
           + (f", env {' '.join(c['env_args'])}" if c["env_args"] else ""),
-          f"- evaluation: plain prompt, {str(e['limit']) + ' tasks per split' if e['limit'] else 'every task of each split'} ({e['splits'] or 'the env default splits'}), "
+          f"- evaluation: plain prompt, {tasks} ({e['splits'] or 'the env default splits'}), "
           f"eval seed {e['seed']}, {e['max_steps']} steps; " + (
               "each run evaluates its own start" if g.get("start_in_run") else
               "each start made is evaluated once, and each run compared with its own" if g.get("start_per_run") else
