@@ -63,6 +63,7 @@ def test_one_process_run_logs_every_metric_and_a_nonzero_opd_signal(one_process)
     AutoModelForCausalLM.from_pretrained(os.path.join(one_process, "hf", "final"))
 
 
+@pytest.mark.slow  # ~26 s on 2 cores: one GRPO update
 def test_grpo_dumps_what_the_policy_writes(tmp_path):
     """--opd-coef 0 (GRPO): no teacher pass, so examples.jsonl holds the first sampled steps with their plain scores,
     the env's verdict and the episode's advantage (what a collapsing run needs read); no gap (the report skips it)."""
