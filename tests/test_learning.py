@@ -299,7 +299,7 @@ def test_eval_estimate_scales_with_the_panel():
     sys.path.insert(0, os.path.join(REPO, "benchmarks", "remote"))
     from learning_remote import eval_seconds
     all_games = {"limit": 0, "splits": None}
-    assert eval_seconds(all_games, 1) == pytest.approx((140 + 134) * 0.5)
-    assert eval_seconds(dict(all_games, samples=2), 3) == pytest.approx(274 * 0.5 * 2 * 1.9)
-    assert eval_seconds({"limit": 12, "splits": None}, 1) == 50  # 24 episodes: the floor
-    assert eval_seconds({"limit": 0, "splits": "val", "samples": 4}, 1) == pytest.approx(100 * 4 * 0.5)
+    assert eval_seconds("alfworld", all_games, 1) == pytest.approx((140 + 134) * 0.5)
+    assert eval_seconds("alfworld", dict(all_games, samples=2), 3) == pytest.approx(274 * 0.5 * 2 * 1.9)
+    assert eval_seconds("alfworld", {"limit": 12, "splits": None}, 1) == 50  # 24 episodes: the floor
+    assert eval_seconds("search", {"limit": 0, "splits": "val", "samples": 4}, 1) == pytest.approx(100 * 4 * 0.5)

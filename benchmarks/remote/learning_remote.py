@@ -59,8 +59,6 @@ from learning import (REPO, Results, add_run, attempt_record, build_parser, fini
 # the evaluation slows by as much.
 EST = dict(startup=100, save=30, eval_start=45, eval_min=50, eval_episode=0.5, per_update={"seed": 20.0, "grpo": 16.5},
            lane_slowdown=1.9)
-# held-out tasks per split when --eval-limit is 0 (all of them); a split not named here counts as 100
-SPLIT_TASKS = {"valid_seen": 140, "valid_unseen": 134, "val": 100}
 
 
 def parse_args(argv=None):
@@ -363,7 +361,7 @@ def kill_job(job, proc=None):
 def estimate(job, results, lanes):
     """Seconds a job will take: the median of finished runs of the same group and method, else EST."""
     if job["kind"] == "start_eval":
-        return EST["eval_start"] + eval_seconds(job["config"]["eval"], lanes)
+        return EST["eval_start"] + eval_seconds(job["env"], job["config"]["eval"], lanes)
     same = [r["compute"]["train_wall_s"] + (r["compute"]["eval_wall_s"] or 0) for r in read_jsonl(results.path["runs"])
             if r["group"] == job["group"] and r["method"] == job["method"] and r["compute"]["lanes"] == lanes
             and r["eval"].get("end")]  # a salvaged run has no end evaluation
@@ -373,16 +371,19 @@ def estimate(job, results, lanes):
     scale = (c["tasks_per_update"] * c["group_size"] / 16 * c["max_steps"] / 15
              * (EST["lane_slowdown"] if lanes > 1 else 1))
     # in the run: its start and its end, with no engine start of their own; else one evaluate.py job
-    one = eval_seconds(c["eval"], lanes)
+    one = eval_seconds(job["env"], c["eval"], lanes)
     evals = 2 * one if c["eval"].get("in_run") else EST["eval_start"] + one
     return EST["startup"] + c["updates"] * EST["per_update"][job["method"]] * scale + EST["save"] + evals
 
 
-def eval_seconds(e, lanes):
+def eval_seconds(env_name, e, lanes):
     """One held-out evaluation's playing time (no engine start): its episodes at EST["eval_episode"] s each alone
-    (~1 episode/s side by side, seen on the H200), at least EST["eval_min"] (the longest episode's steps)."""
-    splits = (e["splits"] or "valid_seen,valid_unseen").split(",")
-    episodes = sum(e["limit"] or SPLIT_TASKS.get(s.strip(), 100) for s in splits) * e.get("samples", 1)
+    (~1 episode/s side by side, seen on the H200), at least EST["eval_min"] (the longest episode's steps). With
+    --eval-limit 0, every task of each split: the env preset's count (ALFWorld 140 + 134), else 100 (Search's val)."""
+    from envs import load_env
+    P = load_env(env_name).PRESET
+    splits = e["splits"].split(",") if e["splits"] else P["eval_splits"]
+    episodes = sum(e["limit"] or P.get("eval_sizes", {}).get(s.strip(), 100) for s in splits) * e.get("samples", 1)
     return max(EST["eval_min"], episodes * EST["eval_episode"]) * (EST["lane_slowdown"] if lanes > 1 else 1)
 
 
