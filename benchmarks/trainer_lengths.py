@@ -34,6 +34,8 @@ optimizer step per mini-batch, activation checkpointing on as in seed_rl.py (--n
                        :liger / :compile fused kernels (seed_rl.py --fused: liger-kernel's RMSNorm, SwiGLU, rotary, or
                        torch.compile of each layer) on a fresh model with the same initial weights, whose log-probs
                        of the first micro-batch are compared with the unfused model's (logprob_vs_unfused in the JSON)
+                       and, as the yardstick for that difference, the unfused model's own bf16 compute with an fp32
+                       copy of the same weights (unfused_vs_fp32: bf16 rounding alone; 0 on CPU, where all is fp32)
 Reported per path: seconds per optimizer step, real tokens/s (prompt + response tokens, padding not counted),
 pad fraction (pad slots / slots computed), MFU of the real tokens (6 x parameters x real tokens / s / peak: no
 attention FLOPs, no recomputation), peak memory. --profile writes kernel tables (where the time goes).
@@ -45,13 +47,15 @@ import math
 import os
 import sys
 import time
+import types
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common.models import model_config  # noqa: E402
 from common.packing import make_batch, packed_attention  # noqa: E402
-from common.training import adamw_impl, check_fused, checkpoint_kwargs, init_distributed, shard_model  # noqa: E402
+from common.training import (_token_logprobs, adamw_impl, check_fused, checkpoint_kwargs, init_distributed,  # noqa: E402
+                             shard_model)
 from seed_rl import micro_batch_logprobs, plan_micro_batches, seed_loss  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -284,6 +288,25 @@ def first_logprobs(packed, attn, kw):
     return lp[sel].float()
 
 
+def fp32_logprobs(packed, attn, kw):
+    """first_logprobs through an fp32 copy of the same initial weights, no mixed precision: how far the unfused
+    model's own bf16 compute moves the log-probs, the yardstick for a fused path's difference."""
+    torch.manual_seed(1)
+    ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").to(device).eval()
+    ref.set_attn_implementation(attn)
+    ref.token_logprobs = types.MethodType(_token_logprobs, ref)  # the trainer's chunked log-probs (shard_model's)
+    micro = next(g for g in plan(minis[0], packed, **kw) if g)
+    with torch.no_grad():
+        lp, _, sel = micro_batch_logprobs(ref, [(ids[i], *lengths[i]) for i in micro], device, packed)
+    del ref
+    return lp[sel].float()
+
+
+def abs_diff(a, b):
+    d = (a - b).abs()
+    return {"max_abs_diff": float(d.max()), "mean_abs_diff": float(d.mean()), "tokens": d.numel()}
+
+
 fused_paths = [x for x in paths if x != "hf_padded" and parse_path(x)[4] != "off"]
 for name in fused_paths:
     check_fused(parse_path(name)[4], device)  # liger without a GPU or the package: one line, before any timing
@@ -291,6 +314,8 @@ model, opt = build(activation_checkpointing=args.activation_checkpointing)
 model_fused = False
 n_params = sum(x.numel() for x in model.parameters())
 unfused_lp = {name: first_logprobs(*parse_path(name)[:3]) for name in fused_paths}  # the fresh weights, before any step
+yardstick = {name: abs_diff(unfused_lp[name], fp32_logprobs(*parse_path(name)[:3])) for name in fused_paths}
+peak_reset()
 
 
 def project_step(mini, packed, **kw):
@@ -320,11 +345,11 @@ for name in [x for x in paths if x != "hf_padded"]:
         try:
             model, opt = build(fused, **ckpt)
             if fused != "off":
-                d = (first_logprobs(packed, attn, kw) - unfused_lp[name]).abs()
-                check = {"logprob_vs_unfused": {"max_abs_diff": float(d.max()), "mean_abs_diff": float(d.mean()),
-                                                "tokens": d.numel()}}
-                print(f"{name}: response log-probs of the first micro-batch vs unfused: max |diff| {d.max():.3g}, "
-                      f"mean {d.mean():.3g} over {d.numel()} tokens")
+                d, y = abs_diff(first_logprobs(packed, attn, kw), unfused_lp[name]), yardstick[name]
+                check = {"logprob_vs_unfused": d, "unfused_vs_fp32": y}
+                print(f"{name}: response log-probs of the first micro-batch vs unfused: max |diff| "
+                      f"{d['max_abs_diff']:.3g}, mean {d['mean_abs_diff']:.3g} over {d['tokens']} tokens (the unfused "
+                      f"bf16 step vs fp32 weights: max {y['max_abs_diff']:.3g}, mean {y['mean_abs_diff']:.3g})")
         except Exception as e:  # a fused path that does not run here is a result too
             results["paths"][name] = {"error": f"{type(e).__name__}: {e}"[:400], "fused": fused}
             print(f"{name}: {results['paths'][name]['error']}")

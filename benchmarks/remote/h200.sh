@@ -15,7 +15,8 @@
 #                                # only S1's SFT, from an earlier run's annotated data (kept in the repo)
 #   bash benchmarks/remote/h200.sh P    # trainer step on step-sample lengths (issue 20): plain HF padded vs the
 #                                # project's step padded and packed; the lengths B recorded ($RUN/seed/
-#                                # lengths.jsonl, or $LENGTHS) if present, else synthetic ALFWorld-shaped ones;
+#                                # lengths.jsonl, or $LENGTHS) if present, else the 480 real step samples of
+#                                # results/2026-12-03-search-trainer-lengths-0.5b/alfworld-seed/lengths.jsonl;
 #                                # PROFILE=1 adds kernel tables (one more pass per path); PATHS=a,b picks
 #                                # trainer_lengths.py --paths; LIMIT=seconds (default 290)
 #   bash benchmarks/remote/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
@@ -81,6 +82,9 @@
 # METHODS=grpo,seed UPDATES=8 TASKS=3 without --eval-in-run (one start evaluation for both runs) fit two calls:
 # GRPO 27.8 s and SEED 37.4 s per update, the start's 274 games 261 s, each end evaluation ~230 s, peak 49.5 GiB.
 # At LR=1e-5 both arms collapsed from the peaked BC start within two updates: use the paper's 1e-6 (or 3e-6).
+# The same at LR=3e-6 (results/2026-12-06-learning-alfworld-bc-start-lr3e-6-steps-0.5b) took three calls: the
+# first (install, SFT 105 s, 335 s of driver) left GRPO at update 5 and SEED at update 2; the second (530 s) ended
+# GRPO with its end evaluation; the third only collected SEED's record (it ended between the calls). Peak 44.5 GiB.
 #
 # Each step logs to $RUN/logs and goes on after a failure (its exit code is logged); results are copied
 # to $OUT (the device tool brings that folder back) as one tarball per part. Parts L and Q have their jobs'
@@ -139,6 +143,7 @@ A|R)  # performance: trainer step (A only), rollout with each vLLM model runner
 P)  # trainer step on real (or synthetic) step-sample lengths, padded vs packed vs plain HF
   mkdir -p "$RUN/perf"
   L=${LENGTHS:-$RUN/seed/lengths.jsonl}
+  [ -f "$L" ] || L=results/2026-12-03-search-trainer-lengths-0.5b/alfworld-seed/lengths.jsonl  # 480 real ones on file
   step trainer_lengths ${LIMIT:-290} $PY benchmarks/trainer_lengths.py $([ -f "$L" ] && echo --lengths "$L") ${PATHS:+--paths "$PATHS"} \
       ${PROFILE:+--profile "$RUN/perf/profile_lengths"} --json "$RUN/perf/trainer_lengths.json"
   tar -czf "$OUT/P.tar.gz" -C "$RUN" perf logs $([ -f "$RUN/seed/lengths.jsonl" ] && echo seed/lengths.jsonl)
