@@ -494,8 +494,10 @@ def main():
                                      lockstep=args.lockstep, analyzer=run.analyzer if args.opd_coef > 0 else None,
                                      analysis_prompt=lambda ep: analysis_prompt(tokenizer, ep, args, env),
                                      analysis_max_new_tokens=args.analysis_max_new_tokens)
-        # phases of the rollout's wall time (they sum to time/rollout); busy_*: time each had work in flight
-        tm.update(rollout=rt["wall"], generate=rt["generate"], env=rt["reset"] + rt["env"] + rt["parse"],
+        # phases of the rollout's wall time (they sum to time/rollout); busy_*: time each had work in flight.
+        # loop: the loop's own work (prompts, parsing, bookkeeping) while it waited on nothing, the CPU time on
+        # the rollout's critical path (its share is logged as rollout/loop_share)
+        tm.update(rollout=rt["wall"], generate=rt["generate"], env=rt["reset"] + rt["env"], loop=rt["parse"],
                   analysis=rt["analysis"], **{k: v for k, v in rt.items() if k.startswith("busy_")})
         with tm.phase("sleep"):
             episodes = drop_env_failures(episodes, rank)  # an env failure leaves its group, not poisons it
@@ -834,6 +836,7 @@ def update_metrics(env, args, update, u, device, world):
                "train/optimizer_steps": len(u["grad_norms"]), "train/skipped_steps": u["skipped"],
                "check/engine_lp_absdiff_mean": mean(eng_diff), "check/engine_lp_absdiff_max": max(eng_diff, default=None),
                **{f"time/{k}": v for k, v in u["time"].items()},
+               "rollout/loop_share": u["time"]["loop"] / u["time"]["rollout"] if u["time"].get("rollout") else None,
                **{k: max(g["mem"][k] for g in gathered) for k in gathered[0]["mem"]}}  # the fullest rank
     metrics["loss/total"] = metrics["loss/pg"] + args.kl_coef * metrics["loss/kl"] + \
         args.opd_coef * (metrics["loss/opd"] or 0.0)

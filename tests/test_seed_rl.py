@@ -45,8 +45,13 @@ def test_one_process_run_logs_every_metric_and_a_nonzero_opd_signal(one_process)
         assert r["tokens/response"] == 4 * 2 * 8  # 4 episodes x 2 steps x 8 tokens (every response cut)
         # the HF engine's sampled-token log-probs equal the trainer's old log-probs (fp32, same weights)
         assert r["check/engine_lp_absdiff_max"] < 1e-4
-        for phase in ("sync", "generate", "env", "analysis", "scoring", "train", "update"):
+        for phase in ("sync", "generate", "env", "loop", "analysis", "scoring", "train", "update"):
             assert r[f"time/{phase}"] >= 0.0
+        # the rollout's phases sum to its wall time; the loop's own share of it (issue 31) is one of them
+        parts = sum(r[f"time/{p}"] for p in ("generate", "analysis", "env", "loop"))
+        assert parts == pytest.approx(r["time/rollout"], rel=1e-6)
+        assert r["rollout/loop_share"] == pytest.approx(r["time/loop"] / r["time/rollout"])
+        assert 0.0 < r["rollout/loop_share"] < 1.0
     # the dump shows the same sampled tokens scored under both contexts
     with open(os.path.join(one_process, "examples.jsonl")) as f:
         ex = json.loads(f.readline())
