@@ -494,9 +494,7 @@ def main():
                                      lockstep=args.lockstep, analyzer=run.analyzer if args.opd_coef > 0 else None,
                                      analysis_prompt=lambda ep: analysis_prompt(tokenizer, ep, args, env),
                                      analysis_max_new_tokens=args.analysis_max_new_tokens)
-        # phases of the rollout's wall time (they sum to time/rollout); busy_*: time each had work in flight.
-        # loop: the loop's own work (prompts, parsing, bookkeeping) while it waited on nothing, the CPU time on
-        # the rollout's critical path (its share is logged as rollout/loop_share)
+        # the rollout's phases (sum: time/rollout; loop: its own CPU work); busy_*: time each had work in flight
         tm.update(rollout=rt["wall"], generate=rt["generate"], env=rt["reset"] + rt["env"], loop=rt["parse"],
                   analysis=rt["analysis"], **{k: v for k, v in rt.items() if k.startswith("busy_")})
         with tm.phase("sleep"):

@@ -279,12 +279,14 @@ def build(fused="off", **ckpt):
     return m, torch.optim.AdamW(m.parameters(), lr=1e-6, weight_decay=0.01, **adamw_impl(device))
 
 
-def first_logprobs(packed, attn, kw):
-    """Log-probs of the response tokens of the first micro-batch of the first mini-batch (no grad, flat, fp32)."""
-    model.set_attn_implementation(attn)
+def first_logprobs(packed, attn, kw, m=None):
+    """Log-probs of the response tokens of the first micro-batch of the first mini-batch (no grad, flat, fp32),
+    by `m` (default: the model being timed)."""
+    m = m or model
+    m.set_attn_implementation(attn)
     micro = next(g for g in plan(minis[0], packed, **kw) if g)
     with torch.no_grad():
-        lp, _, sel = micro_batch_logprobs(model, [(ids[i], *lengths[i]) for i in micro], device, packed)
+        lp, _, sel = micro_batch_logprobs(m, [(ids[i], *lengths[i]) for i in micro], device, packed)
     return lp[sel].float()
 
 
@@ -293,13 +295,8 @@ def fp32_logprobs(packed, attn, kw):
     model's own bf16 compute moves the log-probs, the yardstick for a fused path's difference."""
     torch.manual_seed(1)
     ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").to(device).eval()
-    ref.set_attn_implementation(attn)
     ref.token_logprobs = types.MethodType(_token_logprobs, ref)  # the trainer's chunked log-probs (shard_model's)
-    micro = next(g for g in plan(minis[0], packed, **kw) if g)
-    with torch.no_grad():
-        lp, _, sel = micro_batch_logprobs(ref, [(ids[i], *lengths[i]) for i in micro], device, packed)
-    del ref
-    return lp[sel].float()
+    return first_logprobs(packed, attn, kw, m=ref)
 
 
 def abs_diff(a, b):
