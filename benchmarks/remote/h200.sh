@@ -20,7 +20,8 @@
 #                                # PROFILE=1 adds kernel tables (one more pass per path); PATHS=a,b picks
 #                                # trainer_lengths.py --paths; LIMIT=seconds (default 290)
 #   bash benchmarks/remote/h200.sh B    # seed_rl.py, SEED (the paper's per-GPU share of an update)
-#   bash benchmarks/remote/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1)
+#   bash benchmarks/remote/h200.sh C    # seed_rl.py --opd-coef 0, GRPO (same episodes at update 1); B and C:
+#                                # UPDATES (default 3), SEED_RL_ARGS="--fused liger --max-steps 15": more flags
 #   bash benchmarks/remote/h200.sh AS   # issue 19: the rollout in lockstep vs per episode (2 x 8 and 16 x 8 episodes,
 #                                # 30 steps), then seed_rl.py's update with the self-analysis overlapped (SEED,
 #                                # GRPO, SEED --lockstep; 2 updates each) within BUDGET s (default 480);
@@ -170,7 +171,7 @@ B|C)  # Stage 2 from the Stage 1 checkpoint: B = SEED, C = the same with --opd-c
   # ~70 s start-up + ~60 s per update + the final checkpoint (fp32 weights + AdamW state, ~20 s)
   COMMON="--env alfworld --model $INIT --tasks-per-update 2 --group-size 8 --workers 16 --save-every 100 --dump-examples 8"
   if [ "$1" = B ]; then NAME=seed; EXTRA=""; else NAME=grpo; EXTRA="--opd-coef 0"; fi
-  step $NAME 420 $TORCHRUN seed_rl.py $COMMON --updates ${UPDATES:-3} $EXTRA --out "$RUN/$NAME"
+  step $NAME 420 $TORCHRUN seed_rl.py $COMMON --updates ${UPDATES:-3} $EXTRA ${SEED_RL_ARGS:-} --out "$RUN/$NAME"
   tar -czf "$OUT/$1.tar.gz" -C "$RUN" $NAME/metrics.jsonl $NAME/seed_manifest.json logs \
       $([ -f "$RUN/$NAME/examples.jsonl" ] && echo $NAME/examples.jsonl) \
       $([ -f "$RUN/$NAME/lengths.jsonl" ] && echo $NAME/lengths.jsonl)
