@@ -206,6 +206,9 @@ for path in args.bc_data:
     records += bc_examples(path)
 if not records:
     sys.exit(f"no examples in {', '.join(data_files)}")
+# Why sorted: collect.py and annotate.py append records in the order episodes finish, which varies with
+# --workers and timing; the seeded shuffle below then gives the same batches for the same records in any order.
+records.sort(key=lambda r: r["id"])
 tokenizer = load_tokenizer(args.model)
 
 

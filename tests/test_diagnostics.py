@@ -104,3 +104,18 @@ def test_sft_without_any_data_is_a_one_line_error(tmp_path):
     res = run_script(["sft.py", "--model", "tiny", "--bc-data", str(tmp_path / "nope.jsonl"), "--out",
                       str(tmp_path / "o")], check=False)
     assert res.returncode != 0 and "--bc-data" in res.stderr and "no such file" in res.stderr
+
+
+def test_bc_sft_does_not_depend_on_the_order_episodes_were_written(expert_trajectories, tmp_path):
+    """collect.py --workers N appends episodes as they finish, so two collections of the same tasks differ in line
+    order; the warm start must not (sft.py sorts the records by id before its seeded shuffle)."""
+    lines = open(expert_trajectories).read().splitlines()
+    reordered = tmp_path / "reordered.jsonl"
+    reordered.write_text("\n".join(reversed(lines)) + "\n")
+    losses = []
+    for name, data in [("a", expert_trajectories), ("b", reordered)]:
+        run_script(["sft.py", "--model", "tiny", "--bc-data", str(data), "--out", str(tmp_path / name),
+                    "--epochs", "1", "--batch-size", "8", "--max-steps", "2", "--max-length", "4096"])
+        rows = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
+        losses.append([r["loss"] for r in rows if "loss" in r])
+    assert len(losses[0]) == 2 and losses[0] == losses[1]
