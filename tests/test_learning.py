@@ -175,6 +175,20 @@ def test_detach_leaves_jobs_running_for_the_next_call(fake):
     assert len(read(fake.res / "runs.jsonl")) == 2
 
 
+def test_two_learning_rates_in_one_call_share_the_start_evaluation(fake):
+    """Two drivers, one --lr each, on one --scratch (h200.sh part L called twice in a call): side by side, one
+    evaluation of the shared start, two groups whose runs both compare with it."""
+    for lr in ("3e-6", "1e-6"):
+        out = fake("--methods", "grpo", "--seeds", "0", "--lanes", "2", "--lr", lr, "--deadline-s", "1.5", "--detach",
+                   env={"FAKE_SLEEP": "1.0"}).stdout
+        assert "left running" in out
+    for lr in ("3e-6", "1e-6"):
+        fake("--methods", "grpo", "--seeds", "0", "--lanes", "2", "--lr", lr)
+    runs, evals = read(fake.res / "runs.jsonl"), read(fake.res / "evals.jsonl")
+    assert sorted(r["config"]["lr"] for r in runs) == [1e-6, 3e-6] and len({r["group"] for r in runs}) == 2
+    assert len(evals) == 1 and {r["eval_key"] for r in runs} == {evals[0]["eval_key"]}
+
+
 @pytest.mark.parametrize("script", [PLAIN, REMOTE])
 def test_a_start_made_again_gets_its_own_evaluation_only_when_runs_need_it(fake, script):
     """The start's evaluation is keyed by its weights too: the same label with other weights (the BC SFT made again
