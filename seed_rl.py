@@ -788,7 +788,8 @@ def update_metrics(env, args, update, u, device, world):
                   inadmissible=sum(s.get("admissible_action") is False for s in ep["steps"]),
                   steps=len(ep["steps"]), truncated=ep["truncated_responses"], skill=skills[e] is not None,
                   gid=ep["group"], adv=ep.get("adv", 0.0), probe=ep.get("probe_hit"),
-                  resp_tokens=sum(len(s["response_ids"] or []) for s in ep["steps"]), env=env.episode_stats(ep))
+                  resp_tokens=sum(len(s["response_ids"] or []) for s in ep["steps"]), env=env.episode_stats(ep),
+                  analysis_tokens=ep.get("analysis_tokens"), analysis_capped=ep.get("analysis_capped"))
              for e, ep in enumerate(episodes)]
     # the sampled tokens' mean -log p under the pre-update policy: at temperature 1 an unbiased estimate of the
     # per-token entropy (no full-vocabulary pass needed); a collapse towards 0 means the policy stopped exploring
@@ -805,6 +806,7 @@ def update_metrics(env, args, update, u, device, world):
     mean = lambda xs: sum(xs) / len(xs) if xs else None
     opd = lambda k: totals[k] / ttok if use_opd and ttok else None
     zero_var_share, signal_adv = group_signal(eps)
+    analyzed = [x for x in eps if x["analysis_tokens"]] if use_opd else []  # episodes whose analysis came back
     env_keys = sorted({k for x in eps for k in x["env"]})
     nll_sum, nll_n = sum(g["nll"][0] for g in gathered), sum(g["nll"][1] for g in gathered)
     metrics = {"update": update + 1, "time": time.time(), "lr": lr_at(update, args),
@@ -825,6 +827,11 @@ def update_metrics(env, args, update, u, device, world):
                "policy/entropy_mc": nll_sum / nll_n if nll_n else None,
                **{f"env/{k}": mean([x["env"][k] for x in eps if x["env"].get(k) is not None]) for k in env_keys},
                "skill/parse_rate": mean([x["skill"] for x in eps]) if use_opd else None,
+               # the self-analysis's length: the episodes that end last wait for theirs (SEED's extra rollout time),
+               # and an answer stopped at the cap (--analysis-max-new-tokens) rarely parses
+               "skill/analysis_tokens_mean": mean([x["analysis_tokens"] for x in analyzed]) if analyzed else None,
+               "skill/analysis_tokens_max": max((x["analysis_tokens"] for x in analyzed), default=None),
+               "skill/analysis_capped": mean([x["analysis_capped"] for x in analyzed]) if analyzed else None,
                "opd/teacher_coverage": ttok / tok if use_opd else None,
                "loss/pg": totals["pg"] / tok, "loss/kl": totals["kl"] / tok, "loss/opd": opd("opd"),
                "opd/gate_mean": opd("gate"), "opd/gate_active_ratio": opd("gate_active"),

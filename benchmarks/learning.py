@@ -34,7 +34,7 @@ A record of results/learning/runs.jsonl (one line per finished run):
 | start | label (how the report names it), model path, its manifest-style info and the sha256 of its weight files |
 | code | git commit, dirty flag, diff sha256 (of the tree that launched the run); launcher_commit when SEED_CODE_COMMIT is set (a remote copy's .git can be stale) |
 | commands | the exact train and evaluation command lines, and the driver's |
-| updates | per update: return, success, score, invalid, inadmissible, length, truncated, parse_rate, teacher_coverage, gate_mean, gate_active, gap_mean, kl, pg, opd_loss, grad_norm, tokens, env_failures, time and its phases, memory |
+| updates | per update: return, success, score, invalid, inadmissible, length, truncated, parse_rate, analysis_tokens, analysis_capped, teacher_coverage, gate_mean, gate_active, gap_mean, kl, pg, opd_loss, grad_norm, tokens, env_failures, time and its phases, memory |
 | eval | start and end: per split and pooled ("all"): success %, Avg %, score %, invalid %, inadmissible %, length, episodes |
 | compute | lanes (jobs side by side: 1 here), GPU shares, workers, wall seconds (train, eval), seconds stopped by benchmarks/remote's gate (0 here), device memory peak (nvidia-smi, the whole device) |
 
@@ -81,6 +81,7 @@ UPDATE_KEYS = {
     "return": "rollout/return_mean", "success": "rollout/success_rate", "score": "rollout/score_mean",
     "invalid": "rollout/invalid_rate", "inadmissible": "rollout/inadmissible_rate",
     "length": "rollout/episode_length", "truncated": "rollout/truncated_rate", "parse_rate": "skill/parse_rate",
+    "analysis_tokens": "skill/analysis_tokens_mean", "analysis_capped": "skill/analysis_capped",
     "teacher_coverage": "opd/teacher_coverage", "gate_mean": "opd/gate_mean", "gate_active": "opd/gate_active_ratio",
     "gap_mean": "opd/teacher_gap_mean", "kl": "loss/kl", "pg": "loss/pg", "opd_loss": "loss/opd",
     "grad_norm": "grad_norm", "tokens": "tokens/response", "env_failures": "rollout/env_failures",

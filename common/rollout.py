@@ -32,6 +32,7 @@ evaluate.py and the summaries (E).
 | env_failure | None, or why the env broke (the episode is dropped from training and summaries) | A R E |
 | prompt_too_long, history_truncations, truncated_responses | counters of the length limits | E |
 | analysis | the self-analysis answer (text; None: not analyzed), only where an analyzer was given (seed_rl.py) | R |
+| analysis_tokens, analysis_capped | its length in tokens; whether it stopped at the max-new-tokens cap | R |
 
 | step key | meaning | read by |
 | --- | --- | --- |
@@ -140,7 +141,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
         ep["return"] = round(ep["return"], 6)
         ids = None
         if analyzer is not None:
-            ep["analysis"] = None
+            ep["analysis"], ep["analysis_tokens"], ep["analysis_capped"] = None, 0, False
             ids = None if ep["env_failure"] else analysis_prompt(ep)
         if ids is not None:
             to_analyze.append((i, ids))
@@ -225,7 +226,8 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
                 i, kind = requests.pop(rid)
                 kinds[kind] -= 1
                 if kind == "analysis":
-                    episodes[i]["analysis"] = g.text
+                    episodes[i].update(analysis=g.text, analysis_tokens=len(g.token_ids),
+                                       analysis_capped=g.finish_reason == "length")
                     complete(i)
                 else:
                     acting[i] = parse_step(env, episodes[i], g, require_think, invalid_rule, invalid_fallback)

@@ -41,6 +41,8 @@ def test_one_process_run_logs_every_metric_and_a_nonzero_opd_signal(one_process)
     for r in m:
         assert r["rollout/episodes"] == 4 and r["train/optimizer_steps"] == 1 and r["train/skipped_steps"] == 0
         assert r["opd/teacher_coverage"] == 1.0 and r["skill/parse_rate"] == 1.0
+        # the scripted analyzer's answers: whole JSON objects, none stopped at the cap
+        assert r["skill/analysis_capped"] == 0.0 and 0 < r["skill/analysis_tokens_mean"] <= r["skill/analysis_tokens_max"]
         assert r["loss/opd"] != 0.0 and 0.0 < r["opd/gate_mean"] < 1.0
         assert r["tokens/response"] == 4 * 2 * 8  # 4 episodes x 2 steps x 8 tokens (every response cut)
         # the HF engine's sampled-token log-probs equal the trainer's old log-probs (fp32, same weights)
@@ -85,6 +87,19 @@ def test_grpo_dumps_what_the_policy_writes(tmp_path):
     # are equal and opposite (both 0 when the two returns are equal, as for this random model's invalid episodes)
     adv = {e["uid"]: e["advantage"] for e in ex}
     assert sorted(adv) == ["u0/g0/r0", "u0/g0/r1"] and adv["u0/g0/r0"] == pytest.approx(-adv["u0/g0/r1"], abs=1e-6)
+
+
+@pytest.mark.slow  # ~25 s on 2 cores: one SEED update
+def test_self_analysis_stopped_at_the_cap_is_counted(tmp_path):
+    """The tiny random policy as its own analyzer never writes an end token: every answer stops at
+    --analysis-max-new-tokens, is counted as capped, and gives no skill (the metrics that say why SEED's rollout
+    waits for its analyses and why skills fail to parse)."""
+    out = tmp_path / "capped"
+    run_script(["seed_rl.py", *[f for f in FLAGS if f not in ("--analyzer-model", "scripted")], "--updates", "1",
+                "--analysis-max-new-tokens", "6", "--out", str(out)], timeout=900)
+    (r,) = metrics(out)
+    assert r["skill/analysis_capped"] == 1.0 and r["skill/analysis_tokens_mean"] == r["skill/analysis_tokens_max"] == 6
+    assert r["skill/parse_rate"] == 0.0 and r["opd/teacher_coverage"] == 0.0
 
 
 def test_two_processes_match_one_process(one_process, tmp_path):
