@@ -56,6 +56,8 @@
 #                   so an engine start stops no other job (learning_remote.py's gate); LEARN_ARGS: more
 #                   learning_remote.py flags (e.g. --dry-run; --eval-in-run: each seed_rl.py run evaluates its
 #                   own start and end, no evaluate.py jobs, no separate start evaluation, one engine start per run)
+#   two LRs side by side: call L twice in one call, e.g. `LR=3e-6 BUDGET=190 ... L; LR=1e-6 BUDGET=... ... L`
+#                   (same $RUN: the two drivers share the start and its evaluation; the first returns at its deadline)
 #   QWEN_CODER_DIR=$QWEN_CODER_15B_DIR   the 1.5B model (its device bundle exports that path) instead of the 0.5B
 #   ENV=search      Search on the hotpot questions ($SEARCH_DATA): the retriever starts in its own process
 #                   session on 127.0.0.1:8000 (kept for the next call), the held-out questions are the val split
