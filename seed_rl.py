@@ -862,10 +862,13 @@ def progress_line(update, args, metrics):
 
 def dump_examples(f, update, samples, episodes, skills, tokenizer, n):
     """Plain vs skill scores of the same sampled actions, so a reader can *see* the OPD signal. Without a teacher
-    pass (GRPO, or no skill parsed) the first sampled steps with their plain scores: what the policy now writes,
-    which is what a collapsing run (invalid or inadmissible rate rising) needs read."""
+    pass (GRPO, or no skill parsed) sampled steps with their plain scores: what the policy now writes, which is
+    what a collapsing run (invalid or inadmissible rate rising) needs read. The n steps are spread evenly over the
+    update's (every group, success and failure), not the first episode's only."""
     taught = [s for s in samples if s["teacher_mask"]]
-    for s in (taught or samples)[:n]:
+    pool = taught or samples
+    k = min(n, len(pool))
+    for s in (pool[i * len(pool) // k] for i in range(k)):
         ep, st = episodes[s["ep"]], episodes[s["ep"]]["steps"][s["step"]]
         gap = (s["teacher_lp"] - s["old_lp"]).tolist() if taught else None
         append_jsonl(f, {"update": update + 1, "uid": ep["uid"], "step": s["step"] + 1, "skill": skills[s["ep"]],
