@@ -501,7 +501,9 @@ def main():
             episodes = drop_env_failures(episodes, rank)  # an env failure leaves its group, not poisons it
             if args.probe_action:  # the plumbing check's reward replaces the env's (what a working loop must learn)
                 probe_returns(episodes, args.probe_action)
-            skills = [parse_skill(ep.get("analysis"), args) for ep in episodes]
+            for ep in episodes:  # the skill, or why there is none (logged as skill/fail/<reason>)
+                ep["skill"], ep["skill_fail"] = parse_skill(ep.get("analysis"), args)
+            skills = [ep["skill"] for ep in episodes]
             run.memory.sleep(engine)  # frees the engine's GPU memory for scoring and training
 
         # -------------------------------------------------------------------------------------------
@@ -676,9 +678,12 @@ def analysis_prompt(tokenizer, episode, args, env):
 
 
 def parse_skill(answer, args):
-    """Step 2's skill from the analysis answer (None: no answer, or it does not parse)."""
-    rec, _ = parse_analysis(answer, min_words=args.min_skill_words) if answer is not None else (None, None)
-    return rec["episode_skill"] if rec else None
+    """Step 2's skill from the analysis answer: (skill, "") or (None, why): 'no_answer' (not analyzed, or the
+    prompt did not fit) or parse_analysis's reason ('no_json', 'missing_keys', 'skill_too_short', ...)."""
+    if answer is None:
+        return None, "no_answer"
+    rec, why = parse_analysis(answer, min_words=args.min_skill_words)
+    return (rec["episode_skill"], "") if rec else (None, why)
 
 
 def step_samples(episodes, skills, tokenizer):
@@ -789,7 +794,8 @@ def update_metrics(env, args, update, u, device, world):
                   steps=len(ep["steps"]), truncated=ep["truncated_responses"], skill=skills[e] is not None,
                   gid=ep["group"], adv=ep.get("adv", 0.0), probe=ep.get("probe_hit"),
                   resp_tokens=sum(len(s["response_ids"] or []) for s in ep["steps"]), env=env.episode_stats(ep),
-                  analysis_tokens=ep.get("analysis_tokens"), analysis_capped=ep.get("analysis_capped"))
+                  analysis_tokens=ep.get("analysis_tokens"), analysis_capped=ep.get("analysis_capped"),
+                  skill_fail=ep.get("skill_fail"))
              for e, ep in enumerate(episodes)]
     # the sampled tokens' mean -log p under the pre-update policy: at temperature 1 an unbiased estimate of the
     # per-token entropy (no full-vocabulary pass needed); a collapse towards 0 means the policy stopped exploring
@@ -832,6 +838,8 @@ def update_metrics(env, args, update, u, device, world):
                "skill/analysis_tokens_mean": mean([x["analysis_tokens"] for x in analyzed]) if analyzed else None,
                "skill/analysis_tokens_max": max((x["analysis_tokens"] for x in analyzed), default=None),
                "skill/analysis_capped": mean([x["analysis_capped"] for x in analyzed]) if analyzed else None,
+               **{f"skill/fail/{why}": mean([x["skill_fail"] == why for x in eps])  # share of episodes, per reason
+                  for why in (sorted({x["skill_fail"] for x in eps} - {"", None}) if use_opd else [])},
                "opd/teacher_coverage": ttok / tok if use_opd else None,
                "loss/pg": totals["pg"] / tok, "loss/kl": totals["kl"] / tok, "loss/opd": opd("opd"),
                "opd/gate_mean": opd("gate"), "opd/gate_active_ratio": opd("gate_active"),

@@ -41,6 +41,7 @@ def test_one_process_run_logs_every_metric_and_a_nonzero_opd_signal(one_process)
     for r in m:
         assert r["rollout/episodes"] == 4 and r["train/optimizer_steps"] == 1 and r["train/skipped_steps"] == 0
         assert r["opd/teacher_coverage"] == 1.0 and r["skill/parse_rate"] == 1.0
+        assert not [k for k in r if k.startswith("skill/fail/")]  # every episode has its skill: no failure reason
         # the scripted analyzer's answers: whole JSON objects, none stopped at the cap
         assert r["skill/analysis_capped"] == 0.0
         assert 0 < r["skill/analysis_tokens_mean"] <= r["skill/analysis_tokens_max"]
@@ -105,6 +106,9 @@ def test_self_analysis_stopped_at_the_cap_is_counted(tmp_path):
     (r,) = metrics(out)
     assert r["skill/analysis_capped"] == 1.0 and r["skill/analysis_tokens_mean"] == r["skill/analysis_tokens_max"] == 6
     assert r["skill/parse_rate"] == 0.0 and r["opd/teacher_coverage"] == 0.0
+    # and why, per episode: an answer came back (not 'no_answer'), but the random model's six greedy tokens decode
+    # to nothing printable
+    assert {k: v for k, v in r.items() if k.startswith("skill/fail/")} == {"skill/fail/empty": 1.0}
 
 
 def test_two_processes_match_one_process(one_process, tmp_path):
