@@ -57,9 +57,12 @@ def paired_bootstrap(a, b, n_boot=10_000, level=LEVEL, seed=0):
     mean of b - a over them (in %), and a percentile bootstrap interval that resamples the tasks with
     replacement: the two policies are compared on the same items, so task difficulty cancels. The interval
     covers the sampling of tasks and of episodes, not the variation between training runs (the seed intervals
-    elsewhere cover that). Returns {n, mean, sd, lo, hi} like mean_ci (sd: of the per-task differences)."""
+    elsewhere cover that). Returns {n, mean, sd, lo, hi} like mean_ci (sd: of the per-task differences), and
+    lower / higher: how many tasks b scored below / above a. A flat mean can hide many tasks lost and as many
+    gained; between two evaluations of one policy, that many change by sampling alone."""
     tasks = sorted(t for t in a if t in b)
-    return bootstrap_mean_ci([100.0 * (b[t] - a[t]) for t in tasks], level=level, n_boot=n_boot, seed=seed)
+    ci = bootstrap_mean_ci([100.0 * (b[t] - a[t]) for t in tasks], level=level, n_boot=n_boot, seed=seed)
+    return dict(ci, lower=sum(b[t] < a[t] for t in tasks), higher=sum(b[t] > a[t] for t in tasks))
 
 
 def task_statement(who, what, ci):
@@ -465,8 +468,9 @@ def group_markdown(g, figs):
         md.append("")
     if any(ci["mean"] is not None for ci in g.get("paired_tasks", {}).values()):
         md += ["**held-out success paired by task (percentage points; percentile bootstrap over tasks)**", "",
-               "| comparison | mean [95% interval] (n tasks) |", "|---|---|"]
-        md += [f"| {k.replace('_', ' ')} | {fmt_ci(ci)} |" for k, ci in g["paired_tasks"].items()] + [""]
+               "| comparison | mean [95% interval] (n tasks) | tasks lower / higher |", "|---|---|---|"]
+        md += [f"| {k.replace('_', ' ')} | {fmt_ci(ci)} | {ci.get('lower', '-')} / {ci.get('higher', '-')} |"
+               for k, ci in g["paired_tasks"].items()] + [""]
     md += ["### Cost", "", "| method | runs | lanes | s per update (median per run) | train wall s | eval wall s | "
            "stopped by the gate s | device peak GiB | episodes per minute of training |", "|---" * 9 + "|"]
     for m in g["methods"]:

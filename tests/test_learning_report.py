@@ -220,6 +220,9 @@ def test_paired_bootstrap_by_task_hand_values():
     # differences in points: a +100, b +50, c 0, d 0 -> mean 37.5 over the 4 shared tasks
     assert ci["n"] == 4 and abs(ci["mean"] - 37.5) < 1e-9
     assert 0.0 <= ci["lo"] < 37.5 < ci["hi"] <= 100.0
+    assert (ci["lower"], ci["higher"]) == (0, 2)  # a and b rose, c and d stayed
+    assert [paired_bootstrap({"a": 1.0, "b": 0.0, "c": 0.5}, {"a": 0.0, "b": 1.0, "c": 0.5})[k]
+            for k in ("mean", "lower", "higher")] == [0.0, 1, 1]  # one lost, one gained: a flat mean
     # every task moved by the same amount: the interval is that point
     same = paired_bootstrap({"a": 0.0, "b": 0.5}, {"a": 0.25, "b": 0.75})
     assert (same["mean"], same["lo"], same["hi"]) == (25.0, 25.0, 25.0)
