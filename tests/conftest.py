@@ -63,8 +63,11 @@ def interrupt(args, path, lines=1, timeout=300):
     import signal
     import time
     env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    # SIGINT back to its default in the child: a suite started in the background (`pytest &`, nohup) hands its
+    # children SIGINT ignored, and Python then installs no KeyboardInterrupt handler, so the Ctrl-C would be lost
     proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + timeout
     try:
         while not (os.path.exists(path) and open(path, "rb").read().count(b"\n") >= lines):
