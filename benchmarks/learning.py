@@ -487,6 +487,8 @@ def run_job(job, gate=None):
     results = None if job["eval_cmd"] is None else os.path.join(jobdir, "eval", "results.json")
     if results and not os.path.isfile(results) and not phase("eval", job["eval_cmd"], lambda: os.path.isfile(results)):
         return None
+    if results:
+        write_actions(os.path.dirname(results))
     done = job_record(job, status, train_out, results, host_cpus=os.cpu_count())
     write_json(os.path.join(jobdir, "done.json"), done)
     if job["kind"] == "run" and not job["keep_checkpoints"]:
@@ -494,6 +496,22 @@ def run_job(job, gate=None):
     status.update(phase="done", ended=now())
     write_json(status_path, status)
     return done
+
+
+def write_actions(eval_dir):
+    """evaluate.py's trajectories.jsonl (each step's prompt and token ids: ~10 MB per 274 games) -> actions.jsonl
+    beside it: what the policy did in each held-out episode, step by step, small enough for part L's tarball, so
+    that a change in held-out behaviour (e.g. more inadmissible actions) can be read after a GPU run."""
+    src = os.path.join(eval_dir, "trajectories.jsonl")
+    if not os.path.isfile(src):
+        return
+    ep_keys = ("task_id", "split", "category", "success", "length", "env_failure")
+    step_keys = ("action", "valid", "invalid_reason", "admissible_action", "feedback", "response")
+    with open(os.path.join(eval_dir, "actions.jsonl"), "w") as f:  # rewritten whole: derived from the source
+        for ep in read_jsonl(src):
+            slim = {k: ep.get(k) for k in ep_keys}
+            slim["steps"] = [{k: s.get(k) for k in step_keys} for s in ep.get("steps", [])]
+            f.write(json.dumps(slim) + "\n")
 
 
 # -----------------------------------------------------------------------------

@@ -57,6 +57,12 @@ def test_one_record_per_finished_run_and_finished_runs_are_skipped(fake):
         assert (r["updates"][0]["parse_rate"] is None) == (r["method"] == "grpo")
         assert r["compute"]["lanes"] == 1 and r["compute"]["gpu_util_train"] == 0.4
         assert not os.path.exists(os.path.join(fake.scratch, r["run_id"], "train", "hf"))  # end weights removed
+        # each evaluation's actions, slimmed from its trajectories (part L's tarball carries them)
+        acts = read(os.path.join(fake.scratch, r["run_id"], "eval", "actions.jsonl"))
+        assert [a["task_id"] for a in acts] == ["t0", "t1"] and [a["success"] for a in acts] == [False, True]
+        assert acts[0]["steps"] == [{"action": "go to desk 1", "valid": True, "invalid_reason": None,
+                                     "admissible_action": False, "feedback": "Nothing happens.",
+                                     "response": "<action>go to desk 1</action>"}]
     assert "4 run(s) in this call, 0 failed" in out and len(read(fake.res / "attempts.jsonl")) == 5
     assert (fake.res / "report" / "report.md").exists()  # the report of every record on file
     # again, plus a new seed of one method: the four are skipped, only the new one runs
@@ -303,6 +309,8 @@ def test_real_scripts_tiny_model(tmp_path):
     assert s["invalid"] == g["invalid"] and s["return"] == g["return"]  # update 1: the same episodes
     for r in runs.values():
         assert r["eval"]["start"]["all"]["episodes"] == 2 and r["eval"]["end"]["all"]["episodes"] == 2
+        acts = read(tmp_path / "scratch" / r["run_id"] / "eval" / "actions.jsonl")  # the real trajectories, slimmed
+        assert len(acts) == 2 and all(a["steps"] and "admissible_action" in a["steps"][0] for a in acts)
     rep = run_script(["benchmarks/learning_report.py", "--results-dir", str(res)]).stdout
     assert "SEED - GRPO" in rep and (res / "report" / "report.md").exists()
 

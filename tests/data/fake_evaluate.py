@@ -21,3 +21,11 @@ def split(extra):
 os.makedirs(a.out, exist_ok=True)
 with open(os.path.join(a.out, "results.json"), "w") as f:
     json.dump({"model": a.model, "elapsed_s": 1.0, "splits": {"valid_seen": split(0.0), "valid_unseen": split(2.0)}}, f)
+# two held-out episodes in evaluate.py's record schema (what learning.py slims into actions.jsonl)
+step = {"prompt": "p" * 100, "prompt_ids": [1] * 50, "response": "<action>go to desk 1</action>",
+        "action": "go to desk 1", "valid": True, "invalid_reason": None, "admissible_action": False,
+        "feedback": "Nothing happens."}
+with open(os.path.join(a.out, "trajectories.jsonl"), "w") as f:
+    for i in range(2):
+        f.write(json.dumps({"task_id": f"t{i}", "split": "valid_seen", "category": "Pick", "success": i == 1,
+                            "length": 1, "env_failure": None, "steps": [step]}) + "\n")
