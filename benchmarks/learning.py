@@ -40,7 +40,9 @@ A record of results/learning/runs.jsonl (one line per finished run):
 
 results/learning/evals.jsonl holds the start evaluations (one per start label and evaluation settings, reused by
 later runs); results/learning/attempts.jsonl one line per job attempt that ended (ok, failed), with its exit code,
-the device memory peak and the error kind (out of memory, vLLM's profiling race).
+the device memory peak and the error kind (out of memory, vLLM's profiling race). Each job folder under --scratch
+keeps its evaluation's eval/actions.jsonl: per held-out episode its task and outcome and, per step, the action, its
+validity and admissibility, the env's feedback and the response (evaluate.py's trajectories less the prompts).
 """
 import argparse
 import hashlib
