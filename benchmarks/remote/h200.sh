@@ -242,7 +242,8 @@ L)  # the learning benchmark: see the header for the knobs and the sizing
   mkdir -p "$OUT/learning" && cp results/learning/*.jsonl "$OUT/learning/"
   # logs, status and metrics of every job, each evaluation's actions (no weights, no full trajectories)
   (cd "$RUN" && find learning -maxdepth 3 -not -path 'learning/start-*' \( -name '*.log' -o -name '*.json' \
-      -o -name metrics.jsonl -o -name examples.jsonl -o -name results.md -o -name actions.jsonl \) -print | tar -czf "$OUT/L.tar.gz" -T - logs)
+      -o -name metrics.jsonl -o -name examples.jsonl -o -name results.md -o -name actions.jsonl \) -print \
+      | tar -czf "$OUT/L.tar.gz" -T - logs)
   ;;
 *) echo "usage: $0 A|R|P|S1|SFT|B|C|Q|L|AS"; exit 2 ;;
 esac
