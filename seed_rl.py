@@ -9,7 +9,7 @@ One policy update (docs/paper.md, Stage 2) is the story of `main()` below:
                  prompt, teacher log-probs of the SAME tokens under the skill prompt, reference log-probs
   4. advantages  GRPO per group of episodes, broadcast to every response token of every step
   5. update      PPO-clip + opd_coef x sigmoid-gated OPD + kl_coef x k3 KL, token-mean, AdamW
-  6. log, save   metrics JSONL, plain-vs-skill example dumps, checkpoints
+  6. log, save   metrics JSONL, plain-vs-skill example and self-analysis dumps, checkpoints
 Skills exist only here, at training time: the trained policy is deployed with the plain prompt.
 
     # 8 GPUs, one node: FSDP2 over 8 ranks, one vLLM engine per rank on the same GPU (sleeps while training)
@@ -321,7 +321,7 @@ def parse_args():
                  group_size=P["group_size"], max_steps=P["max_steps"], history=P["history"],
                  max_prompt_tokens=P["max_prompt_tokens"], max_new_tokens=P["max_new_tokens"], temperature=1.0,
                  invalid_penalty=P["invalid_penalty"], invalid_rule="public", analysis_max_new_tokens=4096,
-                 analysis_max_len=16384, min_skill_words=1, dual_clip=3.0,
+                 analysis_repeat_stop=None, analysis_max_len=16384, min_skill_words=1, dual_clip=3.0,
                  lr=P["lr"], warmup_ratio=P["warmup_ratio"], mini_batch=P["mini_batch"],
                  micro_batch=P["micro_batch"], clip_eps=0.2, grad_clip=1.0, kl_coef=P["kl_coef"], opd_coef=0.01,
                  opd_beta=5.0, adv_mode="episode", adv_norm=P["adv_norm"], analyzer_model=None)
@@ -354,6 +354,11 @@ def parse_args():
     add_kv_cache_arg(g)
     g.add_argument("--analysis-max-new-tokens", type=int, default=paper["analysis_max_new_tokens"],
                    help="tokens of one self-analysis answer (greedy)")
+    g.add_argument("--analysis-repeat-stop", type=int, nargs=2, default=paper["analysis_repeat_stop"],
+                   metavar=("SPAN", "COUNT"), help="end a self-analysis once it has written the same block of at most "
+                   "SPAN tokens COUNT times in a row (e.g. 64 4; vLLM's repetition detection). A greedy answer that "
+                   "loops loops to --analysis-max-new-tokens, and the episodes that end last wait for it (default: "
+                   "off, as the paper)")
     g.add_argument("--min-skill-words", type=int, default=paper["min_skill_words"], help="shortest skill that "
                    "gets a teacher signal (the public code: any non-empty skill; Stage 1's annotations use 5)")
     g.add_argument("--analysis-max-len", type=int, default=paper["analysis_max_len"],
@@ -416,7 +421,8 @@ def parse_args():
     g.add_argument("--save-every", type=int, default=10, help="trainer checkpoint + HF checkpoint every N updates "
                    "and after the last; 0: none (timing runs: benchmarks/rollout_async.py)")
     g.add_argument("--dump-examples", type=int, default=4, help="steps dumped per update to examples.jsonl: "
-                   "plain-vs-skill scores of the same tokens (GRPO: the plain scores)")
+                   "plain-vs-skill scores of the same tokens (GRPO: the plain scores); as many self-analysis "
+                   "answers to analyses.jsonl (SEED)")
     g.add_argument("--out", default="runs/seed", help="output folder (metrics, examples, checkpoints, manifest)")
     add_log_to_arg(g)
     args = p.parse_args()
@@ -430,6 +436,9 @@ def parse_args():
         sys.exit("--group-size 1: GRPO ranks the episodes of a task against each other, so with one episode every "
                  "advantage is 0 and the policy-gradient term trains nothing; use --group-size 2 or more (the paper: "
                  f"{paper['group_size']}), or pass --allow-group-of-one to train on the KL and OPD terms alone")
+    if args.analysis_repeat_stop and (args.analysis_repeat_stop[0] < 1 or args.analysis_repeat_stop[1] < 2):
+        sys.exit(f"--analysis-repeat-stop {' '.join(map(str, args.analysis_repeat_stop))}: expected SPAN >= 1 tokens "
+                 "and COUNT >= 2 repeats (e.g. 64 4)")
     # flags that would change nothing in this run are refused (issue 29; tests/test_flags.py walks them all)
     if args.opd_coef <= 0:
         refuse_unused(p, args, OPD_ONLY_FLAGS, "with --opd-coef 0 (GRPO) no episode is analyzed and there is no "
@@ -467,8 +476,9 @@ def main():
     if rank == 0:  # a resumed run keeps the first run's manifest and adds an entry for itself
         write_manifest(os.path.join(args.out, "seed_manifest.json"),
                        resumed_manifest(run.old_manifest, run.manifest, update=start, world_size=world))
-    metrics_f, examples_f, lengths_f = [open_jsonl_for_append(os.path.join(args.out, name)) if rank == 0 else None
-                                        for name in ("metrics.jsonl", "examples.jsonl", "lengths.jsonl")]
+    metrics_f, examples_f, lengths_f, analyses_f = [
+        open_jsonl_for_append(os.path.join(args.out, name)) if rank == 0 else None
+        for name in ("metrics.jsonl", "examples.jsonl", "lengths.jsonl", "analyses.jsonl")]
 
     for update in range(start, args.updates):
         tm, mem = Timer(), run.memory.new_update()
@@ -493,7 +503,8 @@ def main():
         episodes, rt = play_episodes(env, specs, run.pool, engine, tokenizer, **rollout_kwargs(args),
                                      lockstep=args.lockstep, analyzer=run.analyzer if args.opd_coef > 0 else None,
                                      analysis_prompt=lambda ep: analysis_prompt(tokenizer, ep, args, env),
-                                     analysis_max_new_tokens=args.analysis_max_new_tokens)
+                                     analysis_max_new_tokens=args.analysis_max_new_tokens,
+                                     analysis_repeat_stop=args.analysis_repeat_stop)
         # the rollout's phases (sum: time/rollout; loop: its own CPU work); busy_*: time each had work in flight
         tm.update(rollout=rt["wall"], generate=rt["generate"], env=rt["reset"] + rt["env"], loop=rt["parse"],
                   analysis=rt["analysis"], **{k: v for k, v in rt.items() if k.startswith("busy_")})
@@ -570,6 +581,7 @@ def main():
         if rank == 0:
             print0(progress_line(update, args, metrics))
             dump_examples(examples_f, update, samples, episodes, skills, tokenizer, args.dump_examples)
+            dump_analyses(analyses_f, update, episodes, args.dump_examples)
         if args.save_every > 0 and ((update + 1) % args.save_every == 0 or update + 1 == args.updates):
             save_checkpoint(policy, optimizer, tokenizer, args, update + 1, metrics, rank)
         if rank == 0:
@@ -795,6 +807,7 @@ def update_metrics(env, args, update, u, device, world):
                   gid=ep["group"], adv=ep.get("adv", 0.0), probe=ep.get("probe_hit"),
                   resp_tokens=sum(len(s["response_ids"] or []) for s in ep["steps"]), env=env.episode_stats(ep),
                   analysis_tokens=ep.get("analysis_tokens"), analysis_capped=ep.get("analysis_capped"),
+                  analysis_repeated=ep.get("analysis_finish") == "repetition",
                   skill_fail=ep.get("skill_fail"))
              for e, ep in enumerate(episodes)]
     # the sampled tokens' mean -log p under the pre-update policy: at temperature 1 an unbiased estimate of the
@@ -838,6 +851,8 @@ def update_metrics(env, args, update, u, device, world):
                "skill/analysis_tokens_mean": mean([x["analysis_tokens"] for x in analyzed]) if analyzed else None,
                "skill/analysis_tokens_max": max((x["analysis_tokens"] for x in analyzed), default=None),
                "skill/analysis_capped": mean([x["analysis_capped"] for x in analyzed]) if analyzed else None,
+               "skill/analysis_repeat_stopped": mean([x["analysis_repeated"] for x in analyzed])
+               if analyzed and args.analysis_repeat_stop else None,  # ended by --analysis-repeat-stop
                **{f"skill/fail/{why}": mean([x["skill_fail"] == why for x in eps])  # share of episodes, per reason
                   for why in (sorted({x["skill_fail"] for x in eps} - {"", None}) if use_opd else [])},
                "opd/teacher_coverage": ttok / tok if use_opd else None,
@@ -885,6 +900,17 @@ def dump_examples(f, update, samples, episodes, skills, tokenizer, n):
                          "tokens": [tokenizer.decode([t]) for t in s["response_ids"]],
                          "plain_lp": s["old_lp"].tolist(), "teacher_lp": s["teacher_lp"].tolist() if taught else None,
                          "gap": gap})
+
+
+def dump_analyses(f, update, episodes, n):
+    """The self-analysis answers themselves (SEED only), n per update spread over this rank's analyzed episodes:
+    what the policy writes about its own episodes, how the answer ended, and what was parsed from it."""
+    pool = [ep for ep in episodes if ep.get("analysis") is not None]
+    k = min(n, len(pool))
+    for ep in (pool[i * len(pool) // k] for i in range(k)):
+        append_jsonl(f, {"update": update + 1, "uid": ep["uid"], "success": ep["success"], "length": ep["length"],
+                         "tokens": ep["analysis_tokens"], "finish": ep["analysis_finish"], "skill": ep.get("skill"),
+                         "skill_fail": ep.get("skill_fail"), "text": ep["analysis"]})
 
 
 # ====================================================================================================
@@ -994,7 +1020,7 @@ def load_checkpoint(policy, optimizer, args, rank):
         dcp.load(sd, checkpoint_id=folder)
         set_state_dict(policy, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
     if rank == 0:  # one line per update: what is past the checkpoint is recomputed
-        for name in ("metrics.jsonl", "examples.jsonl", "lengths.jsonl"):
+        for name in ("metrics.jsonl", "examples.jsonl", "lengths.jsonl", "analyses.jsonl"):
             path = os.path.join(args.out, name)
             rows = [r for r in read_jsonl(path) if r["update"] <= start]
             if name == "metrics.jsonl" and state and state.get("metrics") and \

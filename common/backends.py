@@ -1,7 +1,7 @@
 """Generation backends behind one small interface (model and tokenizer loading: common/models.py).
 
     backend.submit(req_id, prompt_ids, max_new_tokens=..., temperature=..., seed=None, want_logprobs=None,
-                   context=None)      queue one request; returns at once
+                   repeat_stop=None, context=None)      queue one request; returns at once
     backend.poll() -> [(req_id, Generation)]   advance the engine and hand back the requests that finished
     backend.generate(prompts, max_new_tokens=..., temperature=..., contexts=None, seeds=None,
                      want_logprobs=None) -> [Generation]   one batch, in order (submit all, poll until done)
@@ -14,7 +14,9 @@ the arrival order, the number of ranks or the batch split (and a resumed run rep
 Generation holds the response token ids (the stop token included when the model stopped by itself, so a
 trainer learns to stop), the decoded text, the sampled tokens' log-probs where the backend gives them and
 they were asked for (`want_logprobs`, per backend and per request: they cost speed in vLLM and memory in
-HF), and why it stopped ('stop' or 'length'). context is the live episode record (the scripted backends
+HF), and why it stopped: 'stop', 'length', or 'repetition' (repeat_stop=(span, count): the response ended in a
+block of at most `span` tokens written `count` times in a row, vLLM's RepetitionDetectionParams; see
+`repetition_end`). context is the live episode record (the scripted backends
 read it; the engines ignore it).
 
   VLLMBackend  GPU; vLLM's in-process engine, request by request (`add_request` / `step`: continuous
@@ -42,8 +44,38 @@ from common.models import stop_token_ids
 class Generation:
     token_ids: list
     text: str
-    finish_reason: str  # 'stop' | 'length'
+    finish_reason: str  # 'stop' | 'length' | 'repetition'
     logprobs: list = field(default=None)  # per response token, or None
+
+
+def repeats_at_end(ids, span, count, end=None):
+    """True when ids[:end] ends in a block of 1..span tokens written `count` times in a row (vLLM 0.24's
+    check_sequence_repetition with min_pattern_size 1: the engine runs it after each new token)."""
+    end = len(ids) if end is None else end
+    for p in range(1, span + 1):
+        if p * count > end:
+            return False
+        if all(ids[end - k] == ids[end - p * m - k] for k in range(1, p + 1) for m in range(1, count)):
+            return True
+    return False
+
+
+def repetition_end(ids, span, count):
+    """The length at which a response under repeat_stop=(span, count) stops: its shortest prefix that ends in
+    such a repetition, or None. The HF backend cuts its responses here, where vLLM's engine stops them."""
+    return next((n for n in range(1, len(ids) + 1) if repeats_at_end(ids, span, count, n)), None)
+
+
+class RepetitionStop:
+    """HF `generate` stopping criterion for repeat_stop: a row is done once its response (the tokens after the
+    prompt's `width`) ends in a repetition, so a looping answer does not run to max_new_tokens."""
+
+    def __init__(self, width, span, count):
+        self.width, self.span, self.count = width, span, count
+
+    def __call__(self, input_ids, scores, **kwargs):
+        rows = input_ids[:, self.width:].tolist()
+        return torch.tensor([repeats_at_end(r, self.span, self.count) for r in rows], device=input_ids.device)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -52,14 +84,15 @@ class Generation:
 class BatchBackend:
     """submit/poll for a backend whose work is one batched call, `generate`: submit holds the request; poll
     runs `generate` once over every request held (one call per distinct setting: max tokens, temperature,
-    log-probs, seeded or not) and returns them all. Each sample depends only on its own seed, so which
+    log-probs, repeat stop, seeded or not) and returns them all. Each sample depends only on its own seed, so which
     requests share a call changes nothing."""
 
     def submit(self, req_id, prompt_ids, *, max_new_tokens, temperature, seed=None, want_logprobs=None,
-               context=None):
+               repeat_stop=None, context=None):
         if not hasattr(self, "_held"):
             self._held = []
-        self._held.append((req_id, list(prompt_ids), (max_new_tokens, temperature, want_logprobs, seed is None),
+        self._held.append((req_id, list(prompt_ids),
+                           (max_new_tokens, temperature, want_logprobs, tuple(repeat_stop or ()), seed is None),
                            seed, context))
 
     def poll(self):
@@ -68,10 +101,10 @@ class BatchBackend:
         for r in held:
             groups.setdefault(r[2], []).append(r)
         out = []
-        for (max_new_tokens, temperature, want_logprobs, unseeded), reqs in groups.items():
+        for (max_new_tokens, temperature, want_logprobs, repeat_stop, unseeded), reqs in groups.items():
             gens = self.generate([r[1] for r in reqs], max_new_tokens=max_new_tokens, temperature=temperature,
                                  contexts=[r[4] for r in reqs], seeds=None if unseeded else [r[3] for r in reqs],
-                                 want_logprobs=want_logprobs)
+                                 want_logprobs=want_logprobs, repeat_stop=repeat_stop)
             out += [(r[0], g) for r, g in zip(reqs, gens)]
         return out
 
@@ -106,10 +139,11 @@ class HFBackend(BatchBackend):
         self.device = next(model.parameters()).device
 
     @torch.no_grad()
-    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None, want_logprobs=None):
+    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None, want_logprobs=None,
+                 repeat_stop=None):
         """want_logprobs: this call's choice (None: the backend's). With log-probs, `generate` keeps every
         step's [B, V] logits, so long generations (the 4,096-token analysis) should not ask for them."""
-        from transformers import GenerationConfig, LogitsProcessorList
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
         want_logprobs = self.want_logprobs if want_logprobs is None else want_logprobs
         seeded = temperature > 0 and seeds is not None
         # plain multinomial sampling only when unseeded; seeded sampling and greedy decode run as greedy
@@ -128,8 +162,9 @@ class HFBackend(BatchBackend):
             for i, p in enumerate(chunk):  # left padding: generation continues right after the prompt
                 ids[i, width - len(p):] = torch.tensor(p)
                 mask[i, width - len(p):] = 1
+            stops = StoppingCriteriaList([RepetitionStop(width, *repeat_stop)] if repeat_stop else [])
             res = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      generation_config=cfg, logits_processor=procs)
+                                      generation_config=cfg, logits_processor=procs, stopping_criteria=stops)
             new = res.sequences[:, width:].tolist()  # [B, T_new]
             lps = None
             if want_logprobs:  # log-softmax of the raw logits (like vLLM's raw_logprobs)
@@ -141,6 +176,10 @@ class HFBackend(BatchBackend):
                     if t in self.stop_ids:
                         n, reason = j + 1, "stop"
                         break
+                r = repetition_end(toks[:n], *repeat_stop) if repeat_stop else None
+                # vLLM's order on each new token: a stop token, then the cap, then the repetition check
+                if r is not None and (r < n or reason == "length" and r < max_new_tokens):
+                    n, reason = r, "repetition"
                 toks = toks[:n]
                 out.append(Generation(toks, self.tok.decode(toks, skip_special_tokens=True), reason,
                                       lps[i, :n].tolist() if lps is not None else None))
@@ -209,7 +248,7 @@ class VLLMBackend:
         self.sleep_check_failures = 0  # vLLM's free-memory check of a sleep, failed by another process (sleep)
 
     def submit(self, req_id, prompt_ids, *, max_new_tokens, temperature, seed=None, want_logprobs=None,
-               context=None):
+               repeat_stop=None, context=None):
         """One request into the engine (`LLMEngine.add_request`); it is scheduled at the next `poll`."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -225,7 +264,8 @@ class VLLMBackend:
         sp = SamplingParams(temperature=temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
                             max_tokens=max_new_tokens, logprobs=0 if want_logprobs else None, detokenize=False,
                             seed=None if seed is None else int(seed) % (2 ** 31),
-                            output_kind=RequestOutputKind.FINAL_ONLY)
+                            output_kind=RequestOutputKind.FINAL_ONLY,
+                            repetition_detection=_repetition_params(repeat_stop))
         self.llm.llm_engine.add_request(str(req_id), _token_prompt(prompt_ids), sp)
         self.pending.add(str(req_id))
 
@@ -244,20 +284,23 @@ class VLLMBackend:
         for o, c, text in zip(done, outs, texts):
             self.pending.discard(o.request_id)
             lps = [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs is not None else None
-            gens.append((o.request_id, Generation(list(c.token_ids), text,
-                                                  "length" if c.finish_reason == "length" else "stop", lps)))
+            # vLLM 0.24 reports a repetition stop as finish_reason 'repetition' (FINISHED_REPETITION)
+            reason = c.finish_reason if c.finish_reason in ("length", "repetition") else "stop"
+            gens.append((o.request_id, Generation(list(c.token_ids), text, reason, lps)))
         return gens
 
     def in_flight(self):
         return len(self.pending)
 
-    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None, want_logprobs=None):
+    def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None, want_logprobs=None,
+                 repeat_stop=None):
         """One batch through the same engine path as the rollout loop (annotate.py, the benchmarks)."""
         if self.pending:
             raise RuntimeError("generate() while requests of the rollout loop are in flight")
         for k, p in enumerate(prompts):
             self.submit(f"generate-{k}", p, max_new_tokens=max_new_tokens, temperature=temperature,
-                        seed=None if seeds is None else seeds[k], want_logprobs=want_logprobs)
+                        seed=None if seeds is None else seeds[k], want_logprobs=want_logprobs,
+                        repeat_stop=repeat_stop)
         got = {}
         while self.pending:
             got.update(self.poll())
@@ -300,6 +343,13 @@ class VLLMBackend:
             self.sleeping = tags is not None and "kv_cache" not in tags
 
 
+def _repetition_params(repeat_stop):
+    if not repeat_stop:
+        return None
+    from vllm.sampling_params import RepetitionDetectionParams  # vLLM >= 0.12
+    return RepetitionDetectionParams(max_pattern_size=repeat_stop[0], min_count=repeat_stop[1])
+
+
 def _token_prompt(ids):
     """A prompt of token ids for `LLMEngine.add_request`: vLLM 0.24's rendered-input form when it has one
     (taken as is), else the `TokensPrompt` that older releases preprocess."""
@@ -321,7 +371,7 @@ class ExpertPolicy(BatchBackend):
         self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None, seeds=None,
-                 want_logprobs=None):  # scripted: never any log-probs
+                 want_logprobs=None, repeat_stop=None):  # scripted: never any log-probs or repetitions
         from envs import load_env
         if contexts is None:
             raise ValueError("ExpertPolicy needs the episodes as contexts")
@@ -436,7 +486,7 @@ class ScriptedAnalyzer(BatchBackend):
         self.tok = tokenizer
 
     def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None, seeds=None,
-                 want_logprobs=None):  # scripted: never any log-probs
+                 want_logprobs=None, repeat_stop=None):  # scripted: never any log-probs or repetitions
         out = []
         for ep in contexts:
             summary, skill = scripted_analysis(ep)

@@ -25,7 +25,8 @@ PACKAGES = ["torch", "transformers", "vllm", "flash-attn", "accelerate", "alfwor
 
 # seed_rl.py's flags of the self-analysis and the OPD term. With --opd-coef 0 (GRPO) no episode is analyzed and
 # there is no OPD term: seed_rl.py refuses them; drivers that give both arms one flag string drop them from GRPO's.
-OPD_ONLY_FLAGS = ("analyzer_model", "analysis_max_new_tokens", "analysis_max_len", "min_skill_words", "opd_beta")
+OPD_ONLY_FLAGS = ("analyzer_model", "analysis_max_new_tokens", "analysis_repeat_stop", "analysis_max_len",
+                  "min_skill_words", "opd_beta")
 
 
 def drop_flags(tokens, names):

@@ -32,7 +32,7 @@ evaluate.py and the summaries (E).
 | env_failure | None, or why the env broke (the episode is dropped from training and summaries) | A R E |
 | prompt_too_long, history_truncations, truncated_responses | counters of the length limits | E |
 | analysis | the self-analysis answer (text; None: not analyzed), only where an analyzer was given (seed_rl.py) | R |
-| analysis_tokens, analysis_capped | its length in tokens; whether it stopped at the max-new-tokens cap | R |
+| analysis_tokens, analysis_capped, analysis_finish | its length in tokens; whether it stopped at the max-new-tokens cap; how it ended ('stop', 'length', 'repetition') | R |
 
 | step key | meaning | read by |
 | --- | --- | --- |
@@ -94,7 +94,7 @@ def new_episode(env, spec, state):
 def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=5, max_prompt_tokens=2048,
                   max_new_tokens=512, temperature=0.4, invalid_fallback=None, invalid_penalty=None,
                   invalid_rule="public", max_live=None, lockstep=False, analyzer=None, analysis_prompt=None,
-                  analysis_max_new_tokens=4096, on_episode=None, progress=None):
+                  analysis_max_new_tokens=4096, analysis_repeat_stop=None, on_episode=None, progress=None):
     """Play one episode per spec; each episode is its own flow (reset -> prompt -> generate -> parse -> env
     step -> prompt ...), and moves on as soon as its own response or env answer is in.
 
@@ -104,9 +104,11 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
     lockstep: the old schedule, kept for comparison (benchmarks/rollout_async.py): episodes start in batches of
       max_live, every live episode generates, then every env steps, turn after turn; analyses start when the
       whole batch has ended.
-    analyzer, analysis_prompt, analysis_max_new_tokens: SEED's self-analysis (seed_rl.py). When an episode
-      ends (without an env failure), analysis_prompt(episode) gives its prompt ids (None: no analysis) and the
-      analyzer (the policy's own engine in SEED) answers greedily; the text lands in episode["analysis"].
+    analyzer, analysis_prompt, analysis_max_new_tokens, analysis_repeat_stop: SEED's self-analysis (seed_rl.py).
+      When an episode ends (without an env failure), analysis_prompt(episode) gives its prompt ids (None: no
+      analysis) and the analyzer (the policy's own engine in SEED) answers greedily; the text lands in
+      episode["analysis"], how it ended in episode["analysis_finish"] ('stop', 'length', 'repetition':
+      analysis_repeat_stop=(span, count), see common/backends.py).
     invalid_rule: 'public' (the env's validity rule, as the paper's public code) or 'strict' (a well-formed
       action that is not admissible is invalid too: the stricter ablation). Either way each step records whether
       its action was admissible (`admissible_action`, the env's `is_admissible`; None where that does not apply).
@@ -141,7 +143,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
         ep["return"] = round(ep["return"], 6)
         ids = None
         if analyzer is not None:
-            ep["analysis"], ep["analysis_tokens"], ep["analysis_capped"] = None, 0, False
+            ep["analysis"], ep["analysis_tokens"], ep["analysis_capped"], ep["analysis_finish"] = None, 0, False, None
             ids = None if ep["env_failure"] else analysis_prompt(ep)
         if ids is not None:
             to_analyze.append((i, ids))
@@ -211,7 +213,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
                 kinds["analysis"] += 1
                 # no log-probs: nothing uses the analysis's, and HF `generate` would keep [B, T, V] logits
                 analyzer.submit(f"{i}/analysis", ids, max_new_tokens=analysis_max_new_tokens, temperature=0.0,
-                                want_logprobs=False, context=episodes[i])
+                                want_logprobs=False, repeat_stop=analysis_repeat_stop, context=episodes[i])
             to_analyze = []
         load()
 
@@ -227,7 +229,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
                 kinds[kind] -= 1
                 if kind == "analysis":
                     episodes[i].update(analysis=g.text, analysis_tokens=len(g.token_ids),
-                                       analysis_capped=g.finish_reason == "length")
+                                       analysis_capped=g.finish_reason == "length", analysis_finish=g.finish_reason)
                     complete(i)
                 else:
                     acting[i] = parse_step(env, episodes[i], g, require_think, invalid_rule, invalid_fallback)

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from common.backends import HFBackend, VLLMBackend
+from common.backends import HFBackend, VLLMBackend, repeats_at_end, repetition_end
 
 from common.models import load_model
 
@@ -26,7 +26,8 @@ from common.models import load_model
 class FakeEngine:
     """vLLM's synchronous `LLMEngine` as the backend drives it: `add_request` queues a request; each `step` is one
     forward, in which every running request gets one token, and returns the requests that finished in it
-    (output_kind FINAL_ONLY). Request k answers [100 + k, 200 + k], odd ones then stop with <|im_end|>."""
+    (output_kind FINAL_ONLY). Request k answers [100 + k, 200 + k], odd ones then stop with <|im_end|>; an even one
+    with repetition detection on reports a repetition stop (vLLM's finish_reason 'repetition')."""
 
     def __init__(self):
         self.added, self.running, self.steps, self.joins = [], {}, 0, []
@@ -55,7 +56,8 @@ class FakeEngine:
                     if sp.logprobs is not None else None
                 out.append(SimpleNamespace(request_id=rid, finished=True, outputs=[SimpleNamespace(
                     token_ids=toks, text="" if sp.detokenize is False else f"out{r['k']}",
-                    finish_reason="stop" if r["stop"] else "length", logprobs=lps)], finished_at=self.steps))
+                    finish_reason="stop" if r["stop"] else "repetition" if sp.repetition_detection else "length",
+                    logprobs=lps)], finished_at=self.steps))
         return out
 
 
@@ -101,6 +103,7 @@ def fake_vllm(monkeypatch):
     vllm.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     sampling = types.ModuleType("vllm.sampling_params")
     sampling.RequestOutputKind = SimpleNamespace(CUMULATIVE=0, DELTA=1, FINAL_ONLY=2)
+    sampling.RepetitionDetectionParams = lambda **kw: SimpleNamespace(**kw)
     inputs = types.ModuleType("vllm.inputs")  # vLLM 0.24: an already-rendered prompt of token ids
     inputs.tokens_input = lambda prompt_token_ids: {"type": "token", "prompt_token_ids": prompt_token_ids}
     monkeypatch.setitem(sys.modules, "vllm", vllm)
@@ -136,8 +139,14 @@ def test_sampling_params_seeds_and_outputs(fake_vllm, tokenizer):
     assert [g.finish_reason for g in gens] == ["length", "stop"]
     assert all(g.logprobs is None for g in gens)
 
+    assert all(sp.repetition_detection is None for sp in sps)  # off unless asked for
+
     eng.generate([[1]], max_new_tokens=4, temperature=0.0)  # greedy, unseeded
     assert added[-1][2].seed is None and added[-1][2].temperature == 0.0
+    # repeat_stop=(span, count) is vLLM's repetition detection; its stop comes back as finish_reason 'repetition'
+    gens = eng.generate([[1], [2]], max_new_tokens=9, temperature=0.0, repeat_stop=(64, 4))
+    assert all(vars(sp.repetition_detection) == dict(max_pattern_size=64, min_count=4) for _, _, sp in added[-2:])
+    assert [g.finish_reason for g in gens] == ["stop", "repetition"]
 
 
 def test_requests_come_back_as_each_finishes(fake_vllm, tokenizer):
@@ -212,6 +221,45 @@ def test_hf_logprobs_match_a_forward_and_a_call_can_decline(tokenizer):
     again = hf.generate(prompts, max_new_tokens=5, temperature=1.0, seeds=[1, 2], want_logprobs=False)
     assert [g.token_ids for g in again] == [g.token_ids for g in gens]  # same seeds, same samples
     assert all(g.logprobs is None for g in again)
+
+
+def test_repetition_end_by_hand():
+    """repeat_stop=(span, count): the response ends at its first token that completes a block of <= span tokens
+    written count times in a row (vLLM's check_sequence_repetition, run after every token)."""
+    assert repetition_end([5, 1, 2, 1, 2, 1, 2], 2, 3) == 7  # (1 2) x 3 completes on the 7th token
+    assert repetition_end([5, 1, 2, 1, 2, 1, 2], 1, 3) is None  # no single token three times in a row
+    assert repetition_end([5, 1, 2, 1, 2, 1, 2], 2, 4) is None  # (1 2) only three times
+    assert repetition_end([3, 3, 3, 3], 1, 3) == 3
+    assert repetition_end([1, 2, 3, 1, 2, 3, 9], 3, 2) == 6
+    assert repetition_end([9, 1, 2, 3, 1, 2, 3], 2, 2) is None  # the block is 3 tokens, longer than span 2
+    assert repetition_end([], 4, 2) is None and not repeats_at_end([7], 4, 2)
+    # against the definition written another way: some p <= span with the last p * count tokens = count copies
+    import random
+    rng = random.Random(0)
+    for _ in range(300):
+        ids, span, count = [rng.randrange(3) for _ in range(rng.randrange(1, 14))], rng.randrange(1, 4), rng.randrange(2, 4)
+        want = next((n for n in range(1, len(ids) + 1) for p in range(1, span + 1)
+                     if p * count <= n and ids[n - p * count:n] == ids[n - p:n] * count), None)
+        assert repetition_end(ids, span, count) == want, (ids, span, count)
+
+
+def test_hf_repeat_stop_ends_each_answer_where_it_first_repeats(tokenizer):
+    """HFBackend with repeat_stop: each greedy answer is the unstopped answer cut at its first repetition, with
+    finish_reason 'repetition'; answers that do not repeat within the cap are unchanged ('length')."""
+    hf = HFBackend(load_model("tiny", seed=0), tokenizer, batch_size=4)
+    prompts = [[9707, 11, 1879], [40, 1079], [785, 3974, 13876, 38835], [14990]]
+    full = hf.generate(prompts, max_new_tokens=24, temperature=0.0)
+    for span, count in [(4, 3), (2, 12), (1, 30)]:  # (1, 30): no answer of 24 tokens can repeat 30 times
+        cut = hf.generate(prompts, max_new_tokens=24, temperature=0.0, repeat_stop=(span, count))
+        for f, c in zip(full, cut):
+            r = repetition_end(f.token_ids, span, count)
+            if r is not None and r < 24:
+                assert (c.token_ids, c.finish_reason) == (f.token_ids[:r], "repetition")
+            else:
+                assert (c.token_ids, c.finish_reason) == (f.token_ids, f.finish_reason)
+    # the tiny random model loops at once (one token over and over): each case above was exercised
+    assert [repetition_end(f.token_ids, 4, 3) for f in full] == [3, 4, 3, 3]
+    assert all(repetition_end(f.token_ids, 2, 12) is not None for f in full)
 
 
 def test_hf_samples_do_not_depend_on_which_requests_share_a_call(tokenizer):

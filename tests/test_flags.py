@@ -161,6 +161,8 @@ SEED_RL_REFUSED = {
     "analysis_max_new_tokens": [("webshop", [*GRPO, "--analysis-max-new-tokens", "16"],
                                  "--analysis-max-new-tokens: " + GRPO_WHY)],
     "analysis_max_len": [("alfworld", [*GRPO, "--analysis-max-len", "4096"], "--analysis-max-len: " + GRPO_WHY)],
+    "analysis_repeat_stop": [("alfworld", [*GRPO, "--analysis-repeat-stop", "64", "4"],
+                              "--analysis-repeat-stop: " + GRPO_WHY)],
     "min_skill_words": [("alfworld", [*GRPO, "--min-skill-words", "5"], "--min-skill-words: " + GRPO_WHY)],
     "opd_beta": [("alfworld", [*GRPO, "--opd-beta", "2"], "--opd-beta: " + GRPO_WHY)],
     "ref_model": [("alfworld", ["--kl-coef", "0", "--ref-model", "tiny"],
@@ -290,7 +292,7 @@ def test_refused_in_one_line_naming_the_env_or_setting(script, dest, env, argv, 
     ("seed_rl.py", "alfworld", []), ("seed_rl.py", "alfworld", GRPO), ("seed_rl.py", "alfworld", ["--kl-coef", "0"]),
     ("seed_rl.py", "alfworld", ["--analyzer-model", "scripted", "--min-skill-words", "5", "--ref-model", "tiny"]),
     ("seed_rl.py", "alfworld", ["--group-size", "1", "--allow-group-of-one"]),
-    ("seed_rl.py", "alfworld", ["--micro-tokens", "4096"]),
+    ("seed_rl.py", "alfworld", ["--micro-tokens", "4096"]), ("seed_rl.py", "alfworld", ["--analysis-repeat-stop", "64", "4"]),
     ("seed_rl.py", "alfworld", ["--checkpoint-policy", "selective", "--checkpoint-every", "2"]), ("seed_rl.py", "alfworld", ["--probe-action", "look"]),
     ("seed_rl.py", "webshop", [*GRPO, "--probe-action", "click[buy now]"]),
     ("seed_rl.py", "search", ["--probe-action", "Answer[yes]", "--no-retriever-check"]),
@@ -301,6 +303,14 @@ def test_refused_in_one_line_naming_the_env_or_setting(script, dest, env, argv, 
 ])
 def test_the_same_flags_pass_where_they_apply(script, env, argv, monkeypatch):
     assert stop_line(script, env, argv, monkeypatch) is None
+
+
+@pytest.mark.parametrize("value", [["64", "1"], ["0", "4"]])
+def test_a_repeat_stop_that_could_never_or_always_fire_is_one_line(value, monkeypatch):
+    """--analysis-repeat-stop SPAN COUNT: a block seen once (COUNT 1) would end every answer after its first token;
+    SPAN 0 would end none."""
+    line = stop_line("seed_rl.py", "alfworld", ["--analysis-repeat-stop", *value], monkeypatch)
+    assert line == f"--analysis-repeat-stop {' '.join(value)}: expected SPAN >= 1 tokens and COUNT >= 2 repeats (e.g. 64 4)"
 
 
 def test_seed_rl_env_flags_change_the_train_tasks(tmp_path):
