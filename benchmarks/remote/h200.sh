@@ -175,8 +175,7 @@ B|C)  # Stage 2 from the Stage 1 checkpoint: B = SEED, C = the same with --opd-c
   if [ "$1" = B ]; then NAME=seed; EXTRA=""; else NAME=grpo; EXTRA="--opd-coef 0"; fi
   step $NAME 420 $TORCHRUN seed_rl.py $COMMON --updates ${UPDATES:-3} $EXTRA ${SEED_RL_ARGS:-} --out "$RUN/$NAME"
   tar -czf "$OUT/$1.tar.gz" -C "$RUN" $NAME/metrics.jsonl $NAME/seed_manifest.json logs \
-      $([ -f "$RUN/$NAME/examples.jsonl" ] && echo $NAME/examples.jsonl) \
-      $([ -f "$RUN/$NAME/lengths.jsonl" ] && echo $NAME/lengths.jsonl)
+      $(cd "$RUN" && ls $NAME/examples.jsonl $NAME/lengths.jsonl $NAME/analyses.jsonl 2>/dev/null)
   ;;
 AS)  # lockstep vs per-episode rollout, and the update with the analysis overlapped (from $INIT if S1 ran)
   INIT=$RUN/sft; [ -f "$INIT/config.json" ] || INIT=$M
