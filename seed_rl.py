@@ -356,9 +356,10 @@ def parse_args():
                    help="tokens of one self-analysis answer (greedy)")
     g.add_argument("--analysis-repeat-stop", type=int, nargs=2, default=paper["analysis_repeat_stop"],
                    metavar=("SPAN", "COUNT"), help="end a self-analysis once it has written the same block of at most "
-                   "SPAN tokens COUNT times in a row (e.g. 64 4; vLLM's repetition detection). A greedy answer that "
-                   "loops loops to --analysis-max-new-tokens, and the episodes that end last wait for it (default: "
-                   "off, as the paper)")
+                   "SPAN tokens COUNT times in a row (vLLM's repetition detection). A greedy answer that loops runs to "
+                   "--analysis-max-new-tokens, and the episodes that end last wait for it. COUNT above --max-steps "
+                   "(e.g. 64 16) never cuts a skill that lists the episode's own repeated actions (default: off, as "
+                   "the paper)")
     g.add_argument("--min-skill-words", type=int, default=paper["min_skill_words"], help="shortest skill that "
                    "gets a teacher signal (the public code: any non-empty skill; Stage 1's annotations use 5)")
     g.add_argument("--analysis-max-len", type=int, default=paper["analysis_max_len"],
@@ -438,7 +439,7 @@ def parse_args():
                  f"{paper['group_size']}), or pass --allow-group-of-one to train on the KL and OPD terms alone")
     if args.analysis_repeat_stop and (args.analysis_repeat_stop[0] < 1 or args.analysis_repeat_stop[1] < 2):
         sys.exit(f"--analysis-repeat-stop {' '.join(map(str, args.analysis_repeat_stop))}: expected SPAN >= 1 tokens "
-                 "and COUNT >= 2 repeats (e.g. 64 4)")
+                 "and COUNT >= 2 repeats (e.g. 64 16)")
     # flags that would change nothing in this run are refused (issue 29; tests/test_flags.py walks them all)
     if args.opd_coef <= 0:
         refuse_unused(p, args, OPD_ONLY_FLAGS, "with --opd-coef 0 (GRPO) no episode is analyzed and there is no "
