@@ -160,6 +160,13 @@ def test_kill_mid_save_then_resume_matches_uninterrupted(one_process, tmp_path):
     m, ref = metrics(out), metrics(one_process)
     assert [r["update"] for r in m] == [1, 2]  # exactly one line per update
     assert close(m[1], ref[1], rel=1e-6, abs_=1e-9), {k: (m[1][k], ref[1][k]) for k in LOSS_KEYS}
+    # the dumps were cut to update 1 and update 2 written again: the same rows as the uninterrupted run's
+    for name in ("analyses.jsonl", "examples.jsonl"):
+        got = (out / name).read_text().splitlines()
+        with open(os.path.join(one_process, name)) as f:
+            want = f.read().splitlines()
+        assert [json.loads(x)["update"] for x in got] == [1] * 4 + [2] * 4
+        assert [json.loads(x)["uid"] for x in got] == [json.loads(x)["uid"] for x in want]
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint"]
     with open(out / "seed_manifest.json") as f:
         manifest = json.load(f)
