@@ -262,6 +262,25 @@ def test_hf_repeat_stop_ends_each_answer_where_it_first_repeats(tokenizer):
     assert all(repetition_end(f.token_ids, 2, 12) is not None for f in full)
 
 
+def test_the_offline_replay_cuts_the_loop_and_spares_the_list(tmp_path, tokenizer):
+    """benchmarks/analysis_repeats.py on two answers: a skill that lists one action five times (it ended by itself)
+    and one that loops on a phrase. COUNT 3 cuts both (the list is lost); COUNT 16 only the loop."""
+    import json
+    from conftest import run_script
+    listed = '{"episode_summary": "s", "episode_skill": "' + ", ".join(["then go to desk 1"] * 5) + '."}'
+    loop = '{"episode_summary": "s", "episode_skill": "' + "then go to bed 1, " * 40
+    f = tmp_path / "analyses.jsonl"
+    f.write_text("".join(json.dumps(dict(update=1, uid=u, finish=fin, text=t)) + "\n"
+                         for u, fin, t in [("a", "stop", listed), ("b", "length", loop)]))
+    res = run_script(["benchmarks/analysis_repeats.py", str(f), "--settings", "8,3", "8,16", "--json",
+                      str(tmp_path / "cuts.json")])
+    cuts = json.loads((tmp_path / "cuts.json").read_text())
+    assert [c["uid"] for c in cuts["8,3"]] == ["a", "b"] and [c["uid"] for c in cuts["8,16"]] == ["b"]
+    ids = tokenizer(loop, add_special_tokens=False)["input_ids"]
+    assert cuts["8,16"][0]["cut"] == repetition_end(ids, 8, 16) < len(ids)
+    assert "cuts 2 of 2 answers, 1 of them ended by themselves" in res.stdout
+
+
 def test_hf_samples_do_not_depend_on_which_requests_share_a_call(tokenizer):
     """HFBackend batches whatever it holds at each poll; a seeded request samples the same tokens whether it
     shares the call with all others, in another order, alone, or beside a greedy request of another length."""
