@@ -30,17 +30,19 @@ OPD_ONLY_FLAGS = ("analyzer_model", "analysis_max_new_tokens", "analysis_repeat_
 
 
 def drop_flags(tokens, names):
-    """A command line's tokens without the flags in names ('--flag'), each with its value if it takes one
-    (--flag value, --flag=value; a bare --flag when the next token is another flag or there is none)."""
+    """A command line's tokens without the flags in names ('--flag'), each with its values (--flag value,
+    --flag v1 v2 for nargs flags such as --analysis-repeat-stop, --flag=value; a bare --flag when the next token is
+    another flag or there is none). The scripts take no positional arguments, so every token up to the next
+    --flag is a value."""
     out, i = [], 0
     while i < len(tokens):
         t = tokens[i]
-        takes_value = "=" not in t and i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
+        i += 1
         if t.split("=")[0] in names:
-            i += 2 if takes_value else 1
+            while "=" not in t and i < len(tokens) and not tokens[i].startswith("--"):
+                i += 1
             continue
         out.append(t)
-        i += 1
     return out
 
 

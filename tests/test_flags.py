@@ -364,15 +364,19 @@ def test_drivers_give_the_grpo_arm_no_analysis_flags():
     from common.records import drop_flags
     assert drop_flags(["--analyzer-model", "scripted", "--lr", "1", "--opd-beta=2", "--lockstep", "--x"],
                       {"--analyzer-model", "--opd-beta", "--lockstep"}) == ["--lr", "1", "--x"]
+    assert drop_flags(["--analysis-repeat-stop", "64", "16", "--invalid-penalty", "-0.1"],  # two values; a negative one
+                      {"--analysis-repeat-stop"}) == ["--invalid-penalty", "-0.1"]
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     import learning
     p = learning.build_parser()
     args = learning.finish_args(p, p.parse_args(["--model", "tiny", "--launcher", "python", "--seed-rl-args",
-                                                 "--analyzer-model scripted --min-skill-words 5 --kl-coef 0"]))
+                                                 "--analyzer-model scripted --min-skill-words 5 --kl-coef 0 "
+                                                 "--analysis-repeat-stop 64 16"]))
     cfg = dict(env="alfworld", updates=1, tasks_per_update=2, group_size=2, max_steps=2, lr=1e-5, max_new_tokens=8,
                env_args=[])
     seed, grpo = (learning.train_command(args, cfg, "tiny", m, 0, "out", 1) for m in ("seed", "grpo"))
-    assert seed[-6:] == ["--analyzer-model", "scripted", "--min-skill-words", "5", "--kl-coef", "0"]
+    assert seed[-9:] == ["--analyzer-model", "scripted", "--min-skill-words", "5", "--kl-coef", "0",
+                         "--analysis-repeat-stop", "64", "16"]
     assert grpo[-4:] == ["--opd-coef", "0", "--kl-coef", "0"] and "--analyzer-model" not in grpo
     sys.argv, argv = ["seed_rl.py", *grpo[grpo.index("--env"):]], sys.argv
     try:
