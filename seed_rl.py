@@ -807,8 +807,7 @@ def update_metrics(env, args, update, u, device, world):
                   steps=len(ep["steps"]), truncated=ep["truncated_responses"], skill=skills[e] is not None,
                   gid=ep["group"], adv=ep.get("adv", 0.0), probe=ep.get("probe_hit"),
                   resp_tokens=sum(len(s["response_ids"] or []) for s in ep["steps"]), env=env.episode_stats(ep),
-                  analysis_tokens=ep.get("analysis_tokens"), analysis_capped=ep.get("analysis_capped"),
-                  analysis_repeated=ep.get("analysis_finish") == "repetition",
+                  analysis_tokens=ep.get("analysis_tokens"), analysis_finish=ep.get("analysis_finish"),
                   skill_fail=ep.get("skill_fail"))
              for e, ep in enumerate(episodes)]
     # the sampled tokens' mean -log p under the pre-update policy: at temperature 1 an unbiased estimate of the
@@ -851,8 +850,9 @@ def update_metrics(env, args, update, u, device, world):
                # and an answer stopped at the cap (--analysis-max-new-tokens) rarely parses
                "skill/analysis_tokens_mean": mean([x["analysis_tokens"] for x in analyzed]) if analyzed else None,
                "skill/analysis_tokens_max": max((x["analysis_tokens"] for x in analyzed), default=None),
-               "skill/analysis_capped": mean([x["analysis_capped"] for x in analyzed]) if analyzed else None,
-               "skill/analysis_repeat_stopped": mean([x["analysis_repeated"] for x in analyzed])
+               "skill/analysis_capped": mean([x["analysis_finish"] == "length" for x in analyzed])
+               if analyzed else None,
+               "skill/analysis_repeat_stopped": mean([x["analysis_finish"] == "repetition" for x in analyzed])
                if analyzed and args.analysis_repeat_stop else None,  # ended by --analysis-repeat-stop
                **{f"skill/fail/{why}": mean([x["skill_fail"] == why for x in eps])  # share of episodes, per reason
                   for why in (sorted({x["skill_fail"] for x in eps} - {"", None}) if use_opd else [])},
@@ -884,6 +884,12 @@ def progress_line(update, args, metrics):
                if metrics["adv/zero_var_group_share"] == 1.0 else ""))
 
 
+def spread(items, n):
+    """n of items (all when fewer), evenly spaced over the list: the dumps cover every group, not the first."""
+    k = min(n, len(items))
+    return [items[i * len(items) // k] for i in range(k)]
+
+
 def dump_examples(f, update, samples, episodes, skills, tokenizer, n):
     """Plain vs skill scores of the same sampled actions, so a reader can *see* the OPD signal. Without a teacher
     pass (GRPO, or no skill parsed) sampled steps with their plain scores: what the policy now writes, which is
@@ -891,8 +897,7 @@ def dump_examples(f, update, samples, episodes, skills, tokenizer, n):
     update's (every group, success and failure), not the first episode's only."""
     taught = [s for s in samples if s["teacher_mask"]]
     pool = taught or samples
-    k = min(n, len(pool))
-    for s in (pool[i * len(pool) // k] for i in range(k)):
+    for s in spread(pool, n):
         ep, st = episodes[s["ep"]], episodes[s["ep"]]["steps"][s["step"]]
         gap = (s["teacher_lp"] - s["old_lp"]).tolist() if taught else None
         append_jsonl(f, {"update": update + 1, "uid": ep["uid"], "step": s["step"] + 1, "skill": skills[s["ep"]],
@@ -907,8 +912,7 @@ def dump_analyses(f, update, episodes, n):
     """The self-analysis answers themselves (SEED only), n per update spread over this rank's analyzed episodes:
     what the policy writes about its own episodes, how the answer ended, and what was parsed from it."""
     pool = [ep for ep in episodes if ep.get("analysis") is not None]
-    k = min(n, len(pool))
-    for ep in (pool[i * len(pool) // k] for i in range(k)):
+    for ep in spread(pool, n):
         append_jsonl(f, {"update": update + 1, "uid": ep["uid"], "success": ep["success"], "length": ep["length"],
                          "tokens": ep["analysis_tokens"], "finish": ep["analysis_finish"], "skill": ep.get("skill"),
                          "skill_fail": ep.get("skill_fail"), "text": ep["analysis"]})

@@ -32,7 +32,7 @@ evaluate.py and the summaries (E).
 | env_failure | None, or why the env broke (the episode is dropped from training and summaries) | A R E |
 | prompt_too_long, history_truncations, truncated_responses | counters of the length limits | E |
 | analysis | the self-analysis answer (text; None: not analyzed), only where an analyzer was given (seed_rl.py) | R |
-| analysis_tokens, analysis_capped, analysis_finish | its length in tokens; whether it stopped at the max-new-tokens cap; how it ended ('stop', 'length', 'repetition') | R |
+| analysis_tokens, analysis_finish | its length in tokens; how it ended ('stop', 'length': the max-new-tokens cap, 'repetition') | R |
 
 | step key | meaning | read by |
 | --- | --- | --- |
@@ -143,7 +143,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
         ep["return"] = round(ep["return"], 6)
         ids = None
         if analyzer is not None:
-            ep["analysis"], ep["analysis_tokens"], ep["analysis_capped"], ep["analysis_finish"] = None, 0, False, None
+            ep["analysis"], ep["analysis_tokens"], ep["analysis_finish"] = None, 0, None
             ids = None if ep["env_failure"] else analysis_prompt(ep)
         if ids is not None:
             to_analyze.append((i, ids))
@@ -229,7 +229,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
                 kinds[kind] -= 1
                 if kind == "analysis":
                     episodes[i].update(analysis=g.text, analysis_tokens=len(g.token_ids),
-                                       analysis_capped=g.finish_reason == "length", analysis_finish=g.finish_reason)
+                                       analysis_finish=g.finish_reason)
                     complete(i)
                 else:
                     acting[i] = parse_step(env, episodes[i], g, require_think, invalid_rule, invalid_fallback)
