@@ -6,7 +6,9 @@ One policy update (docs/paper.md, Stage 2) is the story of `main()` below:
   2. analysis    the same engine, same weights, writes one hindsight skill per episode (greedy), started the
                  moment that episode ends, while the others still play
   3. scoring     no grad, pre-update weights: old log-probs of the sampled response tokens under the plain
-                 prompt, teacher log-probs of the SAME tokens under the skill prompt, reference log-probs
+                 prompt and reference log-probs (started on a side thread the moment the last env step is in,
+                 while the engine writes the last skills), then teacher log-probs of the SAME tokens under the
+                 skill prompt
   4. advantages  GRPO per group of episodes, broadcast to every response token of every step
   5. update      PPO-clip + opd_coef x sigmoid-gated OPD + kl_coef x k3 KL, token-mean, AdamW
   6. log, save   metrics JSONL, plain-vs-skill example and self-analysis dumps, checkpoints
@@ -38,6 +40,7 @@ once, with the pre-update weights (Algorithm 1 re-scores it with the trainable p
 first mini-batch).
 """
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import math
@@ -248,13 +251,14 @@ def device_used_gib():
 
 
 class Timer(dict):
-    """Seconds per phase of one update, {phase: s}, logged as time/<phase>: `with tm.phase("scoring"): ...`."""
+    """Seconds per phase of one update, {phase: s}, logged as time/<phase>: `with tm.phase("scoring"): ...`
+    (a phase entered twice adds up)."""
 
     @contextlib.contextmanager
     def phase(self, name):
         t0 = time.perf_counter()
         yield
-        self[name] = time.perf_counter() - t0
+        self[name] = self.get(name, 0.0) + time.perf_counter() - t0
 
 
 class DeviceMemory:
@@ -401,6 +405,11 @@ def parse_args():
                    help="checkpoint every N-th decoder layer (1 = all; 2 = half: memory the step does not need "
                         "buys back speed)")
     add_fused_arg(g)
+    g.add_argument("--serial-scoring", action="store_true",
+                   help="score the plain prompts (old and reference log-probs) after the rollout, with the engine "
+                        "asleep, instead of on a side thread beside the awake engine while it writes the last "
+                        "self-analyses: for a model whose scoring does not fit beside the engine, or to measure the "
+                        "overlap (README, Performance)")
     g = p.add_argument_group("held-out evaluation during training (off by default; evaluate.py is the full report)")
     g.add_argument("--eval-every", type=int, default=0, help="play the held-out tasks with the plain prompt (no "
                    "skill: what is deployed) before the first update, every N updates and after the last, with the "
@@ -501,14 +510,25 @@ def main():
         tasks = run.stream[update * args.tasks_per_update:(update + 1) * args.tasks_per_update]
         specs = [dict(tasks[g], uid=f"u{update}/g{g}/r{r}", group=g, rollout=r, seed=args.seed, update=update)
                  for g in run.my_groups for r in range(args.group_size)]
+        # 3a, overlapped: the plain scoring needs only the played steps, so with self-analyses still to come it
+        #     starts on a side thread the moment the last env step is in (the engine decodes a few answers and
+        #     leaves the GPU mostly idle meanwhile); with none (GRPO) or --serial-scoring it runs after the sleep.
+        plain_job = []
+        start_plain = None if args.opd_coef <= 0 or args.serial_scoring else \
+            (lambda eps: plain_job.append(run.side.submit(score_plain, run, args, device, eps, run.side_stream)))
         episodes, rt = play_episodes(env, specs, run.pool, engine, tokenizer, **rollout_kwargs(args),
                                      lockstep=args.lockstep, analyzer=run.analyzer if args.opd_coef > 0 else None,
                                      analysis_prompt=lambda ep: analysis_prompt(tokenizer, ep, args, env),
                                      analysis_max_new_tokens=args.analysis_max_new_tokens,
-                                     analysis_repeat_stop=args.analysis_repeat_stop)
+                                     analysis_repeat_stop=args.analysis_repeat_stop, on_played=start_plain)
         # the rollout's phases (sum: time/rollout; loop: its own CPU work); busy_*: time each had work in flight
         tm.update(rollout=rt["wall"], generate=rt["generate"], env=rt["reset"] + rt["env"], loop=rt["parse"],
                   analysis=rt["analysis"], **{k: v for k, v in rt.items() if k.startswith("busy_")})
+        t_rollout_end = time.perf_counter()
+        with tm.phase("scoring"):  # the side thread's scores: they must be in before the engine sleeps
+            plain = plain_job[0].result() if plain_job else None
+            if plain_job and device.type == "cuda":
+                torch.cuda.empty_cache()  # the blocks it cached are its stream's: give them back for training
         with tm.phase("sleep"):
             episodes = drop_env_failures(episodes, rank)  # an env failure leaves its group, not poisons it
             if args.probe_action:  # the plumbing check's reward replaces the env's (what a working loop must learn)
@@ -519,20 +539,25 @@ def main():
             run.memory.sleep(engine)  # frees the engine's GPU memory for scoring and training
 
         # -------------------------------------------------------------------------------------------
-        # 3. Dual-context scoring with the pre-update weights, no grad: old_lp under the plain prompt,
-        #    teacher_lp of the SAME response tokens under the skill prompt, ref_lp under the plain prompt.
+        # 3. Dual-context scoring with the pre-update weights, no grad: old_lp and ref_lp under the plain prompt
+        #    (3a: score_plain, already done when it ran beside the analyses), then teacher_lp of the SAME
+        #    response tokens under the skill prompt.
         with tm.phase("scoring"):
-            samples = step_samples(episodes, skills, tokenizer)  # one per (episode, step)
-            plain = [sequence(s) for s in samples]
-            teach = [sequence(s, "teacher_ids") for s in samples if "teacher_ids" in s]
+            if plain is None:
+                plain = score_plain(run, args, device, episodes)
+            samples, t_plain, t_plain_end = plain  # one sample per (episode, step), old_lp and ref_lp set
             record_lengths(lengths_f, update, samples)
-            lps = score(policy, plain + teach, args.micro_batch, device, run.packed, args.micro_tokens)  # both contexts
-            old, tlp = lps[:len(plain)], iter(lps[len(plain):])
-            refs = score(run.ref, plain, args.micro_batch, device, run.packed, args.micro_tokens) \
-                if run.ref is not None else old
-            for s, o, r in zip(samples, old, refs):
-                s["old_lp"], s["ref_lp"] = o, r
-                s["teacher_lp"] = next(tlp) if "teacher_ids" in s else o  # masked out when there is no skill
+            add_teacher_prompts(samples, episodes, skills, tokenizer)
+            teach = [s for s in samples if "teacher_ids" in s]
+            tlp = score(policy, [sequence(s, "teacher_ids") for s in teach], args.micro_batch, device, run.packed,
+                        args.micro_tokens) if args.opd_coef > 0 else []  # GRPO: not even a dummy forward
+            for s in samples:
+                s["teacher_lp"] = s["old_lp"]  # masked out where there is no skill
+            for s, t in zip(teach, tlp):
+                s["teacher_lp"] = t
+        # the plain scoring's own time, and how much of it ran before the rollout was over (hidden behind it)
+        tm.update(plain_scoring=t_plain, plain_scoring_hidden=max(0.0, min(t_plain_end, t_rollout_end) -
+                                                                   (t_plain_end - t_plain)))
 
         # -------------------------------------------------------------------------------------------
         # 4. Advantages: GRPO over the (surviving) episodes of each group, broadcast to every token
@@ -592,6 +617,7 @@ def main():
         sync_engine(engine, policy, run.sync_dtype)
         heldout_eval(run, args, env, args.updates, rank, world)
     run.pool.close()
+    run.side.shutdown()
     run.tracker.close()
     dist.barrier()
     dist.destroy_process_group()
@@ -668,6 +694,10 @@ def setup(args, env, paper, rank, world, device):
                                    gpu_memory_utilization=args.gpu_memory_utilization,
                                    kv_cache_gib=args.kv_cache_gib) if args.backend == "vllm" \
                 else HFBackend(load_model(args.analyzer_model, device=device), load_tokenizer(args.analyzer_model))
+    # step 3a's side thread (score_plain) and, on a GPU, its own CUDA stream: its kernels then run beside the
+    # engine's instead of queueing behind them
+    side = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="plain-scoring")
+    side_stream = torch.cuda.Stream(device) if on_gpu else None
     my_groups = list(range(rank, args.tasks_per_update, world))  # each rank plays its share of the groups
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks sharing this node's CPU cores
     n_workers = args.workers or max(1, min(len(my_groups) * args.group_size, (os.cpu_count() or 2) // local_world))
@@ -676,6 +706,7 @@ def setup(args, env, paper, rank, world, device):
     return SimpleNamespace(tokenizer=tokenizer, stream=stream, manifest=manifest, old_manifest=old_manifest,
                            eval_plan=eval_plan, eval_done=heldout_done(args.out, eval_plan),
                            policy=policy, ref=ref, optimizer=optimizer, engine=engine, analyzer=analyzer, pool=pool,
+                           side=side, side_stream=side_stream,
                            my_groups=my_groups, packed=packed_attn is not None, memory=memory, tracker=tracker,
                            sync_dtype=torch.bfloat16 if on_gpu else torch.float32)
 
@@ -699,22 +730,45 @@ def parse_skill(answer, args):
     return (rec["episode_skill"], "") if rec else (None, why)
 
 
-def step_samples(episodes, skills, tokenizer):
+def step_samples(episodes):
     """Step 3's inputs: one sample per (episode, step) with a response, the unit of GRPO/PPO in this multi-turn
-    setting. The teacher prompt is the step's own plain prompt (same history entries) with the skill block
-    inserted; the response token ids are the very same list in both contexts."""
-    samples = []
-    for e, ep in enumerate(episodes):
-        for t, st in enumerate(ep["steps"]):
-            if not st["response_ids"]:
-                continue
-            s = dict(ep=e, group=ep["group"], rollout=ep["rollout"], step=t, prompt_ids=st["prompt_ids"],
-                     response_ids=st["response_ids"], engine_lp=st["response_logprobs"],
-                     teacher_mask=float(skills[e] is not None))
-            if skills[e] is not None:
-                s["teacher_ids"] = chat_prompt(tokenizer, step_prompt(ep, t, st["history_used"], skills[e]))[1]
-            samples.append(s)
-    return samples
+    setting; `ep` indexes `episodes`."""
+    return [dict(ep=e, group=ep["group"], rollout=ep["rollout"], step=t, prompt_ids=st["prompt_ids"],
+                 response_ids=st["response_ids"], engine_lp=st["response_logprobs"], teacher_mask=0.0)
+            for e, ep in enumerate(episodes) for t, st in enumerate(ep["steps"]) if st["response_ids"]]
+
+
+def score_plain(run, args, device, episodes, stream=None):
+    """Step 3a: the step samples of the episodes that kept their env, with old_lp (the pre-update policy) and
+    ref_lp (the reference) of their response tokens under the plain prompt, no grad. Returns (samples, seconds,
+    end time). main() runs it on a side thread and its own CUDA `stream` while the engine writes the last
+    self-analyses (the weights do not change before step 5), or inline. Either way every rank calls it once per
+    update, so the forwards' collectives (FSDP all-gathers, the micro-batch count) line up across ranks."""
+    t0 = time.perf_counter()
+    samples = step_samples([ep for ep in episodes if not ep["env_failure"]])  # drop_env_failures' list
+    plain = [sequence(s) for s in samples]
+    if stream is not None:
+        torch.cuda.set_device(device)  # a new thread starts on GPU 0
+        stream.wait_stream(torch.cuda.default_stream(device))  # the weights' last writes (optimizer, loads) first
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        old = score(run.policy, plain, args.micro_batch, device, run.packed, args.micro_tokens)
+        refs = score(run.ref, plain, args.micro_batch, device, run.packed, args.micro_tokens) \
+            if run.ref is not None else old
+    for s, o, r in zip(samples, old, refs):
+        s["old_lp"], s["ref_lp"] = o, r
+    t1 = time.perf_counter()
+    return samples, t1 - t0, t1
+
+
+def add_teacher_prompts(samples, episodes, skills, tokenizer):
+    """The teacher prompt of each sample whose episode has a skill: the step's own plain prompt (same history
+    entries) with the skill block inserted; the response token ids are the very same list in both contexts."""
+    for s in samples:
+        ep, skill = episodes[s["ep"]], skills[s["ep"]]
+        s["teacher_mask"] = float(skill is not None)
+        if skill is not None:
+            s["teacher_ids"] = chat_prompt(tokenizer, step_prompt(ep, s["step"], ep["steps"][s["step"]]["history_used"],
+                                                                  skill))[1]
 
 
 def plan_mini_batches(samples, args, update, device):

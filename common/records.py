@@ -23,10 +23,11 @@ PAPER_VERSION = "arXiv 2607.14777 v1"
 PACKAGES = ["torch", "transformers", "vllm", "flash-attn", "accelerate", "alfworld", "textworld", "numpy"]
 
 
-# seed_rl.py's flags of the self-analysis and the OPD term. With --opd-coef 0 (GRPO) no episode is analyzed and
-# there is no OPD term: seed_rl.py refuses them; drivers that give both arms one flag string drop them from GRPO's.
+# seed_rl.py's flags of the self-analysis (and of the scoring beside it) and the OPD term. With --opd-coef 0 (GRPO)
+# no episode is analyzed and there is no OPD term: seed_rl.py refuses them; drivers that give both arms one flag
+# string drop them from GRPO's.
 OPD_ONLY_FLAGS = ("analyzer_model", "analysis_max_new_tokens", "analysis_repeat_stop", "analysis_max_len",
-                  "min_skill_words", "opd_beta")
+                  "min_skill_words", "opd_beta", "serial_scoring")
 
 
 def drop_flags(tokens, names):
@@ -330,7 +331,8 @@ RESUME_MAY_CHANGE = {
                    "activation_checkpointing": "memory, not results",
                    "checkpoint_policy": "memory, not results", "checkpoint_every": "memory, not results",
                    "fused": "kernels, not the math",
-                   "lockstep": "the rollout schedule (same seeds, same episodes)"},
+                   "lockstep": "the rollout schedule (same seeds, same episodes)",
+                   "serial_scoring": "when the plain prompts are scored (the same scores)"},
 }
 
 

@@ -94,7 +94,8 @@ def new_episode(env, spec, state):
 def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=5, max_prompt_tokens=2048,
                   max_new_tokens=512, temperature=0.4, invalid_fallback=None, invalid_penalty=None,
                   invalid_rule="public", max_live=None, lockstep=False, analyzer=None, analysis_prompt=None,
-                  analysis_max_new_tokens=4096, analysis_repeat_stop=None, on_episode=None, progress=None):
+                  analysis_max_new_tokens=4096, analysis_repeat_stop=None, on_episode=None, on_played=None,
+                  progress=None):
     """Play one episode per spec; each episode is its own flow (reset -> prompt -> generate -> parse -> env
     step -> prompt ...), and moves on as soon as its own response or env answer is in.
 
@@ -113,7 +114,8 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
       action that is not admissible is invalid too: the stricter ablation). Either way each step records whether
       its action was admissible (`admissible_action`, the env's `is_admissible`; None where that does not apply).
     on_episode(episode): called the moment an episode is complete (collect.py and evaluate.py write it then);
-    progress(done, total) likewise.
+    progress(done, total) likewise. on_played(episodes): called once, the moment the last env step is in (every
+      episode's steps are final; self-analyses may still be in flight): seed_rl.py starts its plain scoring then.
     Returns (episodes in spec order, timings): see `Clock`."""
     invalid_penalty = env.PRESET["invalid_penalty"] if invalid_penalty is None else invalid_penalty
     # Qwen3 with thinking off writes no <think> block of its own (the empty one is in the prompt): no think rule
@@ -130,17 +132,21 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
     to_analyze, requests = [], {}  # ended episodes whose analysis is due; request id -> (episode, kind)
     kinds = collections.Counter()  # requests in flight per kind, kept as they come and go (not summed per call)
     backends = [policy] + ([analyzer] if analyzer is not None and analyzer is not policy else [])
-    finished = 0
+    finished, played = 0, 0
     clock = Clock()
     pool.clear()
 
     def end(i):
         """The episode's env part is over: free its slot, then analyze it or hand it over."""
+        nonlocal played
         ep = episodes[i]
         free.append(slot_of.pop(i))
         for k in ("_obs", "_admissible", "done"):
             ep.pop(k, None)
         ep["return"] = round(ep["return"], 6)
+        played += 1
+        if played == n and on_played is not None:
+            on_played(episodes)
         ids = None
         if analyzer is not None:
             ep["analysis"], ep["analysis_tokens"], ep["analysis_finish"] = None, 0, None

@@ -165,6 +165,7 @@ SEED_RL_REFUSED = {
                               "--analysis-repeat-stop: " + GRPO_WHY)],
     "min_skill_words": [("alfworld", [*GRPO, "--min-skill-words", "5"], "--min-skill-words: " + GRPO_WHY)],
     "opd_beta": [("alfworld", [*GRPO, "--opd-beta", "2"], "--opd-beta: " + GRPO_WHY)],
+    "serial_scoring": [("alfworld", [*GRPO, "--serial-scoring"], "--serial-scoring: " + GRPO_WHY)],
     "ref_model": [("alfworld", ["--kl-coef", "0", "--ref-model", "tiny"],
                    "--ref-model: with --kl-coef 0 there is no KL term and no reference model")],
     "allow_group_of_one": [("alfworld", ["--allow-group-of-one"],

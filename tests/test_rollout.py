@@ -422,7 +422,8 @@ def test_self_analysis_starts_as_each_episode_ends(tokenizer, lockstep):
     """e0 wins at step 1, e1 at step 2, e2 plays all 4 slow steps, e3's game breaks: per episode, e0's analysis
     is written while e2 still plays; in lockstep, after the last episode. Either way the same answers, none for
     the env failure or where the analysis prompt is None (too long), and each episode is handed over once,
-    complete."""
+    complete. on_played fires once, after the last env step and before the last analysis, with every episode's
+    steps final (seed_rl.py starts its plain scoring then)."""
     log, done = [], []
     specs = fake_specs(4, e0=dict(win_at=1), e1=dict(win_at=2), e2=dict(delay=0.3), e3=dict(raise_at=1))
     with EnvPool("tests.fake_games:make_game", num_workers=2) as pool:
@@ -430,9 +431,14 @@ def test_self_analysis_starts_as_each_episode_ends(tokenizer, lockstep):
                                 max_steps=4, lockstep=lockstep, analyzer=LoggedAnalyzer(tokenizer, log),
                                 analysis_prompt=lambda ep: None if ep["uid"] == "e1" else [1, 2, 3],
                                 on_episode=lambda ep: done.append(dict(ep)),
+                                on_played=lambda eps: log.append(("played", [len(ep["steps"]) for ep in eps])),
                                 progress=lambda k, n: log.append(("progress", k, n)))
     assert [(ep["success"], ep["length"], bool(ep["env_failure"])) for ep in eps] == \
         [(True, 1, False), (True, 2, False), (False, 4, False), (False, 0, True)]
+    played = [k for k, (tag, *_) in enumerate(log) if tag == "played"]
+    assert len(played) == 1 and log[played[0]][1] == [len(ep["steps"]) for ep in eps] == [1, 2, 4, 0]
+    e2_analysis = [k for k, (tag, *rest) in enumerate(log) if tag == "analysis" and "e2" in rest[0]]
+    assert max(k for k, (tag, *_) in enumerate(log) if tag == "generate") < played[0] < e2_analysis[0]
     assert "this game is broken" in eps[3]["env_failure"]
     assert [ep["analysis"] is not None for ep in eps] == [True, False, True, False]
     assert json.loads(eps[0]["analysis"])["episode_skill"].startswith("Follow this order")

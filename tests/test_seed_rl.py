@@ -147,7 +147,9 @@ def test_two_processes_match_one_process(one_process, tmp_path):
 def test_kill_mid_save_then_resume_matches_uninterrupted(one_process, tmp_path):
     """SIGKILL inside update 2's checkpoint save, at the step that used to leave no checkpoint at all: the old
     one renamed away, the new one not yet in place ($SEED_KILL_AT, common/checkpoints.py kill_point). The same
-    command resumes from `checkpoint.old` (update 1) and its update 2 equals the uninterrupted run's."""
+    command resumes from `checkpoint.old` (update 1) and its update 2 equals the uninterrupted run's. The resume
+    scores the plain prompts after the rollout (--serial-scoring, a flag a resume may change), the uninterrupted
+    run on its side thread beside the self-analyses: the same scores, so the same update."""
     out = tmp_path / "seedk"
     killed = run_script(["seed_rl.py", *FLAGS, "--out", str(out)], timeout=900, check=False,
                         env={"SEED_KILL_AT": "retired"}, start_new_session=True)
@@ -155,11 +157,13 @@ def test_kill_mid_save_then_resume_matches_uninterrupted(one_process, tmp_path):
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint.old",
                                                                                           "checkpoint.tmp"]
     assert [r["update"] for r in metrics(out)] == [1]
-    res = run_script(["seed_rl.py", *FLAGS, "--out", str(out)], timeout=900)
+    res = run_script(["seed_rl.py", *FLAGS, "--serial-scoring", "--out", str(out)], timeout=900)
     assert f"resumed from {out / 'checkpoint.old'} after update 1" in res.stdout
     m, ref = metrics(out), metrics(one_process)
     assert [r["update"] for r in m] == [1, 2]  # exactly one line per update
     assert close(m[1], ref[1], rel=1e-6, abs_=1e-9), {k: (m[1][k], ref[1][k]) for k in LOSS_KEYS}
+    assert m[1]["time/plain_scoring_hidden"] == 0.0 < m[1]["time/plain_scoring"]  # serial: none of it hidden
+    assert 0.0 <= ref[1]["time/plain_scoring_hidden"] <= ref[1]["time/plain_scoring"]
     # the dumps were cut to update 1 and update 2 written again: the same rows as the uninterrupted run's
     for name in ("analyses.jsonl", "examples.jsonl"):
         got = (out / name).read_text().splitlines()
@@ -170,7 +174,8 @@ def test_kill_mid_save_then_resume_matches_uninterrupted(one_process, tmp_path):
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint"]
     with open(out / "seed_manifest.json") as f:
         manifest = json.load(f)
-    assert [e["update"] for e in manifest["resumes"]] == [1] and manifest["resumes"][0]["changed"] == {}
+    assert [e["update"] for e in manifest["resumes"]] == [1]
+    assert manifest["resumes"][0]["changed"] == {"serial_scoring": {"then": False, "now": True}}
 
 
 def test_report_from_a_real_two_update_run(one_process, tmp_path):
