@@ -541,20 +541,12 @@ def main():
         # -------------------------------------------------------------------------------------------
         # 3. Dual-context scoring with the pre-update weights, no grad: old_lp and ref_lp under the plain prompt
         #    (3a: score_plain, already done when it ran beside the analyses), then teacher_lp of the SAME
-        #    response tokens under the skill prompt.
+        #    response tokens under the skill prompt (3b: score_teacher).
         with tm.phase("scoring"):
-            if plain is None:
-                plain = score_plain(run, args, device, episodes)
-            samples, t_plain, t_plain_end = plain  # one sample per (episode, step), old_lp and ref_lp set
+            # one sample per (episode, step) with its old_lp and ref_lp
+            samples, t_plain, t_plain_end = plain or score_plain(run, args, device, episodes)
             record_lengths(lengths_f, update, samples)
-            add_teacher_prompts(samples, episodes, skills, tokenizer)
-            teach = [s for s in samples if "teacher_ids" in s]
-            tlp = score(policy, [sequence(s, "teacher_ids") for s in teach], args.micro_batch, device, run.packed,
-                        args.micro_tokens) if args.opd_coef > 0 else []  # GRPO: not even a dummy forward
-            for s in samples:
-                s["teacher_lp"] = s["old_lp"]  # masked out where there is no skill
-            for s, t in zip(teach, tlp):
-                s["teacher_lp"] = t
+            score_teacher(run, args, device, samples, episodes, skills)  # teacher_lp
         # the plain scoring's own time, and how much of it ran before the rollout was over (hidden behind it)
         tm.update(plain_scoring=t_plain, plain_scoring_hidden=max(0.0, min(t_plain_end, t_rollout_end) -
                                                                    (t_plain_end - t_plain)))
@@ -760,15 +752,23 @@ def score_plain(run, args, device, episodes, stream=None):
     return samples, t1 - t0, t1
 
 
-def add_teacher_prompts(samples, episodes, skills, tokenizer):
-    """The teacher prompt of each sample whose episode has a skill: the step's own plain prompt (same history
-    entries) with the skill block inserted; the response token ids are the very same list in both contexts."""
+def score_teacher(run, args, device, samples, episodes, skills):
+    """Step 3b: teacher_lp, the log-probs of the SAME response tokens under the teacher prompt (no grad, pre-update
+    weights), for each sample whose episode has a skill; elsewhere old_lp, masked out by teacher_mask 0. The teacher
+    prompt is the step's own plain prompt (same history entries) with the skill block inserted."""
+    teach = []
     for s in samples:
         ep, skill = episodes[s["ep"]], skills[s["ep"]]
-        s["teacher_mask"] = float(skill is not None)
+        s["teacher_mask"], s["teacher_lp"] = float(skill is not None), s["old_lp"]
         if skill is not None:
-            s["teacher_ids"] = chat_prompt(tokenizer, step_prompt(ep, s["step"], ep["steps"][s["step"]]["history_used"],
-                                                                  skill))[1]
+            st = ep["steps"][s["step"]]
+            s["teacher_ids"] = chat_prompt(run.tokenizer, step_prompt(ep, s["step"], st["history_used"], skill))[1]
+            teach.append(s)
+    if args.opd_coef > 0:  # GRPO: not even a dummy forward
+        lps = score(run.policy, [sequence(s, "teacher_ids") for s in teach], args.micro_batch, device, run.packed,
+                    args.micro_tokens)
+        for s, lp in zip(teach, lps):
+            s["teacher_lp"] = lp
 
 
 def plan_mini_batches(samples, args, update, device):
