@@ -544,12 +544,12 @@ def main():
         #    response tokens under the skill prompt (3b: score_teacher).
         with tm.phase("scoring"):
             # one sample per (episode, step) with its old_lp and ref_lp
-            samples, t_plain, t_plain_end = plain or score_plain(run, args, device, episodes)
+            samples, t_plain_start, t_plain_end = plain or score_plain(run, args, device, episodes)
             record_lengths(lengths_f, update, samples)
             score_teacher(run, args, device, samples, episodes, skills)  # teacher_lp
         # the plain scoring's own time, and how much of it ran before the rollout was over (hidden behind it)
-        tm.update(plain_scoring=t_plain, plain_scoring_hidden=max(0.0, min(t_plain_end, t_rollout_end) -
-                                                                   (t_plain_end - t_plain)))
+        tm.update(plain_scoring=t_plain_end - t_plain_start,
+                  plain_scoring_hidden=max(0.0, min(t_plain_end, t_rollout_end) - t_plain_start))
 
         # -------------------------------------------------------------------------------------------
         # 4. Advantages: GRPO over the (surviving) episodes of each group, broadcast to every token
@@ -732,8 +732,8 @@ def step_samples(episodes):
 
 def score_plain(run, args, device, episodes, stream=None):
     """Step 3a: the step samples of the episodes that kept their env, with old_lp (the pre-update policy) and
-    ref_lp (the reference) of their response tokens under the plain prompt, no grad. Returns (samples, seconds,
-    end time). main() runs it on a side thread and its own CUDA `stream` while the engine writes the last
+    ref_lp (the reference) of their response tokens under the plain prompt, no grad. Returns (samples, start
+    time, end time). main() runs it on a side thread and its own CUDA `stream` while the engine writes the last
     self-analyses (the weights do not change before step 5), or inline. Either way every rank calls it once per
     update, so the forwards' collectives (FSDP all-gathers, the micro-batch count) line up across ranks."""
     t0 = time.perf_counter()
@@ -748,8 +748,7 @@ def score_plain(run, args, device, episodes, stream=None):
             if run.ref is not None else old
     for s, o, r in zip(samples, old, refs):
         s["old_lp"], s["ref_lp"] = o, r
-    t1 = time.perf_counter()
-    return samples, t1 - t0, t1
+    return samples, t0, time.perf_counter()
 
 
 def score_teacher(run, args, device, samples, episodes, skills):
