@@ -311,6 +311,8 @@ class Clock:
 
     def load(self, **counts):
         """How much is in flight now, per resource (generate, analysis, env)."""
+        if all(self.counts.get(k) == c for k, c in counts.items()):
+            return  # nothing changed (the loop asks several times per engine step)
         self.counts.update(counts)
         self.counts["gpu"] = self.counts.get("generate", 0) + self.counts.get("analysis", 0)
         now = time.perf_counter()

@@ -24,13 +24,14 @@ crashing the run. A reset of the slot starts it afresh.
 import collections
 import importlib
 import os
+import selectors
 import signal
 import socket
 import subprocess
 import sys
 import time
 import traceback
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,7 +80,12 @@ class EnvPool:
         self.factory = factory  # "module:function", game spec -> object with reset()/step(action)
         self.num_workers = max(1, int(num_workers))
         self.reset_timeout, self.step_timeout = reset_timeout, step_timeout
-        self.workers = [self._spawn() for _ in range(self.num_workers)]
+        # One selector over every worker's socket, kept for the pool's life: the rollout loop polls once per
+        # engine step (~1,000 times an update), and building a fresh one per poll (multiprocessing's `wait`)
+        # with a waitpid per worker was most of the loop's own CPU time (issue 31; benchmarks/loop_cpu.py)
+        self.selector = selectors.DefaultSelector()
+        self.workers = [self._spawn(w) for w in range(self.num_workers)]
+        self.next_check = 0.0  # when poll next asks the OS whether busy workers are still alive
         self.queue = [collections.deque() for _ in range(self.num_workers)]  # per worker: [(slot, cmd, timeout)]
         self.head_since = [0.0] * self.num_workers  # when the worker could start its oldest pending command
         self.held = [set() for _ in range(self.num_workers)]  # slots whose game lives in that worker
@@ -89,25 +95,28 @@ class EnvPool:
 
     # ---- workers
 
-    def _spawn(self):
+    def _spawn(self, w):
         ours, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         proc = subprocess.Popen([sys.executable, "-m", "envs.pool", str(theirs.fileno()), self.factory],
                                 pass_fds=[theirs.fileno()], env=env, stdout=subprocess.DEVNULL)
         theirs.close()
-        return proc, Connection(ours.detach())
+        conn = Connection(ours.detach())
+        self.selector.register(conn, selectors.EVENT_READ, w)
+        return proc, conn
 
     def _kill(self, w):
         proc, conn = self.workers[w]
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
+        self.selector.unregister(conn)
         conn.close()
 
     def _fail(self, w, reason):
         """Replace worker w: each of its pending commands answers the error, each game it held is lost."""
         self._kill(w)
-        self.workers[w] = self._spawn()
+        self.workers[w] = self._spawn(w)
         self.stats["workers_replaced"] += 1
         for slot, cmd, _ in self.queue[w]:
             self.ready.append((slot, {"error": reason}))
@@ -155,21 +164,28 @@ class EnvPool:
             now = time.monotonic()
             deadline = min(self.head_since[w] + self.queue[w][0][2] for w in busy)
             wait_s = max(0.0, min(deadline - now, 0.5 if end is None else end - now))
-            conns, gone = {self.workers[w][1]: w for w in busy}, set()
-            for conn in wait(list(conns), wait_s):
-                w = conns[conn]
+            gone = set()
+            for key, _ in self.selector.select(wait_s):
+                w, conn = key.data, key.fileobj
                 try:
                     while self.queue[w] and conn.poll():
                         slot, reply = conn.recv()
                         self.queue[w].popleft()
                         self.head_since[w] = time.monotonic()
                         self.ready.append((slot, reply))
+                    if not self.queue[w] and conn.poll():  # readable with nothing asked of it: its end closed
+                        raise EOFError
                 except (EOFError, OSError):
                     gone.add(w)
+            # A dead worker's socket reads as closed at once (gone); waitpid is for one whose socket a child of
+            # its own still holds open, and a few times a second is soon enough for that
             now = time.monotonic()
-            for w in busy:
+            check = now >= self.next_check
+            if check:
+                self.next_check = now + 0.2
+            for w in sorted(gone.union(busy)):
                 proc = self.workers[w][0]
-                if self.queue[w] and (w in gone or proc.poll() is not None):
+                if w in gone or (check and self.queue[w] and proc.poll() is not None):
                     try:
                         proc.wait(timeout=1)
                     except subprocess.TimeoutExpired:
@@ -234,6 +250,7 @@ class EnvPool:
                 proc.wait()
             conn.close()
         self.workers = []
+        self.selector.close()
 
     def __enter__(self):
         return self

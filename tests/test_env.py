@@ -243,3 +243,24 @@ def test_broken_game_and_dying_reset_are_contained():
         assert [s.get("observation", "").split()[:2] for s in states[1::2]] == [["start", "x"], ["start", "z"]]
         assert pool.stats["workers_replaced"] == 1 and pool.stats["resets"] == 6
         assert all("error" not in s for s in pool.reset(["p", "q", "r", "s"]))
+
+
+def test_worker_dying_while_idle_is_replaced_at_the_next_poll():
+    """The pool's one selector watches idle workers too: one that dies between commands is replaced as soon as the
+    loop waits on the others (its games answer 'lost'), not left for a later step to trip over."""
+    with EnvPool("tests.test_env:make_fake_game", num_workers=2, reset_timeout=60, step_timeout=60) as pool:
+        pool.reset(["a", "b", "c", "d"])  # worker 0: slots 0, 2; worker 1: slots 1, 3
+        pids = pool.worker_pids()
+        os.kill(pids[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        out = pool.step({0: "sleep 0.5", 2: "look"})  # only worker 0 is asked; the wait sees worker 1's socket close
+        assert time.monotonic() - t0 < 10
+        assert out[0]["observation"] == "a step 1" and out[2]["observation"] == "c step 1"
+        assert pool.stats["workers_replaced"] == 1 and not _alive(pids[1])
+        out = pool.step({1: "look", 3: "look", 0: "look"})
+        assert out[1]["error"].startswith("env worker died") and out[3] == out[1]
+        assert out[0]["observation"] == "a step 2" and pool.stats["workers_replaced"] == 1
+        # nothing pending: a poll with a timeout waits that long and returns nothing (no spinning on a closed socket)
+        t0 = time.monotonic()
+        assert pool.poll(timeout=0.2) == [] and time.monotonic() - t0 < 1
+        assert all("error" not in s for s in pool.reset(["p", "q", "r", "s"]))
