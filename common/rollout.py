@@ -301,7 +301,7 @@ class Clock:
         self.t0 = self.last = time.perf_counter()
         self.phases = dict.fromkeys(self.PHASES, 0.0)
         self.busy = dict.fromkeys(("generate", "analysis", "gpu", "env"), 0.0)
-        self.since, self.counts = {}, {}
+        self.since, self.last_load = {}, None
 
     def lap(self, phase):
         """The time since the last lap went to `phase`."""
@@ -309,14 +309,13 @@ class Clock:
         self.phases[phase] += now - self.last
         self.last = now
 
-    def load(self, **counts):
-        """How much is in flight now, per resource (generate, analysis, env)."""
-        if all(self.counts.get(k) == c for k, c in counts.items()):
-            return  # nothing changed (the loop asks several times per engine step)
-        self.counts.update(counts)
-        self.counts["gpu"] = self.counts.get("generate", 0) + self.counts.get("analysis", 0)
+    def load(self, generate, analysis, env):
+        """How much is in flight now, per resource: rollout requests, self-analysis requests, env commands."""
+        if (generate, analysis, env) == self.last_load:
+            return  # nothing changed (the loop asks several times per engine step: keep that cheap)
+        self.last_load = (generate, analysis, env)
         now = time.perf_counter()
-        for k, c in self.counts.items():
+        for k, c in (("generate", generate), ("analysis", analysis), ("env", env), ("gpu", generate + analysis)):
             if c and k not in self.since:
                 self.since[k] = now
             elif not c and k in self.since:

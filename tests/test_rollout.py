@@ -90,6 +90,28 @@ def test_expert_wins_through_the_full_loop(expert_run, games):
     assert timings["analysis"] == timings["busy_analysis"] == 0.0 and timings["busy_env"] > 0.5 * timings["wall"]
 
 
+def test_clock_busy_times_by_hand(monkeypatch):
+    """Clock.load's busy_* integrate 'something in flight' over time; a repeated load changes nothing."""
+    now = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    clock = Clock()
+
+    def at(t, *load):
+        now[0] = 100.0 + t
+        clock.load(*load)
+
+    at(0, 2, 0, 0)    # two rollout requests on the engine
+    at(1, 2, 0, 0)    # the loop asks again: no change
+    at(3, 0, 0, 2)    # their actions go to the env workers
+    at(4, 1, 1, 1)    # one episode generates, one ended and is analyzed, one env step pending
+    at(6, 0, 1, 0)    # only the analysis left
+    at(7, 0, 0, 0)
+    now[0] = 110.0
+    t = clock.result()
+    assert t["wall"] == 10.0 and t["parse"] == 10.0  # no lap: all of it counts as the loop's own work
+    assert (t["busy_generate"], t["busy_analysis"], t["busy_gpu"], t["busy_env"]) == (5.0, 3.0, 6.0, 3.0)
+
+
 def test_expert_records_and_rewards(expert_run, tokenizer):
     episodes, _ = expert_run
     for ep in episodes:
