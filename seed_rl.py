@@ -449,7 +449,7 @@ def parse_args():
                  f"{paper['group_size']}), or pass --allow-group-of-one to train on the KL and OPD terms alone")
     if args.analysis_repeat_stop and (args.analysis_repeat_stop[0] < 1 or args.analysis_repeat_stop[1] < 2):
         sys.exit(f"--analysis-repeat-stop {' '.join(map(str, args.analysis_repeat_stop))}: expected SPAN >= 1 tokens "
-                 "and COUNT >= 2 repeats (e.g. 64 16)")
+                 "and COUNT >= 2 repeats (e.g. 128 16)")
     # flags that would change nothing in this run are refused (issue 29; tests/test_flags.py walks them all)
     if args.opd_coef <= 0:
         refuse_unused(p, args, OPD_ONLY_FLAGS, "with --opd-coef 0 (GRPO) no episode is analyzed and there is no "

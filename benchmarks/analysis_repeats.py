@@ -20,7 +20,7 @@ from common.records import read_jsonl  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("analyses", nargs="+", help="analyses.jsonl files of seed_rl.py runs")
-p.add_argument("--settings", nargs="+", default=["64,4", "64,16"], help="SPAN,COUNT pairs to replay")
+p.add_argument("--settings", nargs="+", default=["64,16", "128,16"], help="SPAN,COUNT pairs to replay")
 p.add_argument("--tokenizer", default="tiny", help="tokenizer folder; tiny: the Qwen2.5 tokenizer under $SHARED/assets")
 p.add_argument("--json", default=None, help="also write the cuts here")
 args = p.parse_args()

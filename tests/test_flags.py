@@ -311,7 +311,7 @@ def test_a_repeat_stop_that_could_never_or_always_fire_is_one_line(value, monkey
     """--analysis-repeat-stop SPAN COUNT: a block seen once (COUNT 1) would end every answer after its first token;
     SPAN 0 would end none."""
     line = stop_line("seed_rl.py", "alfworld", ["--analysis-repeat-stop", *value], monkeypatch)
-    assert line == f"--analysis-repeat-stop {' '.join(value)}: expected SPAN >= 1 tokens and COUNT >= 2 repeats (e.g. 64 16)"
+    assert line == f"--analysis-repeat-stop {' '.join(value)}: expected SPAN >= 1 tokens and COUNT >= 2 repeats (e.g. 128 16)"
 
 
 def test_seed_rl_env_flags_change_the_train_tasks(tmp_path):
