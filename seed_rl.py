@@ -363,8 +363,8 @@ def parse_args():
                    "SPAN tokens COUNT times in a row (vLLM's repetition detection). A greedy answer that loops runs to "
                    "--analysis-max-new-tokens, and the episodes that end last wait for it. COUNT above --max-steps "
                    "never cuts a skill that lists the episode's own repeated actions; SPAN must hold the looping block "
-                   "(a loop over an 8-action list, ~70 tokens, escaped SPAN 64): e.g. 128 16 (default: off, as the "
-                   "paper)")
+                   "(a loop over an 8-action list, ~70 tokens, escaped SPAN 64): e.g. 128 16 at 15 steps, 128 32 at 30 "
+                   "(default: off, as the paper)")
     g.add_argument("--min-skill-words", type=int, default=paper["min_skill_words"], help="shortest skill that "
                    "gets a teacher signal (the public code: any non-empty skill; Stage 1's annotations use 5)")
     g.add_argument("--analysis-max-len", type=int, default=paper["analysis_max_len"],

@@ -4,8 +4,8 @@
     VLLM_USE_V2_MODEL_RUNNER=0 python benchmarks/rollout.py --skip-hf   # vLLM's V1 model runner instead
     python benchmarks/rollout.py --skip-hf --prompts 16 --new-tokens 512 --repeats 3   # seed_rl.py's batch per engine
     python benchmarks/rollout.py --config tiny --prompts 4 --prompt-len 32 --new-tokens 8 --hf-prompts 4 --skip-vllm  # CPU
-    # the 3B shape: a folder with Qwen2.5-3B-Instruct's config.json (../shared/assets has the 0.5B, 1.5B and 7B ones)
-    python benchmarks/rollout.py --config /path/to/Qwen2.5-3B-Instruct --skip-hf --gpu-memory-utilization 0.5
+    # the 3B shape (the paper's main backbone): its published sizes on the 1.5B config, see QWEN25_3B below
+    python benchmarks/rollout.py --config Qwen2.5-3B-Instruct --skip-hf --gpu-memory-utilization 0.5
 
   standalone        vllm.LLM.generate on the 128 prompts (token ids), SamplingParams(temperature 1, max 256
                     tokens, ignore_eos): the reference
@@ -60,7 +60,17 @@ dtype = torch.bfloat16 if on_gpu else torch.float32
 tok = load_tokenizer("tiny")  # the real Qwen2.5 tokenizer
 
 # ---- a random-weight model folder of the real shape (vLLM loads models from disk)
-cfg = model_config(args.config)
+# Qwen2.5-3B-Instruct's config.json is not among ../shared/assets' configs (0.5B, 1.5B, 7B): its published sizes
+# (the Qwen2.5 model card) on the 1.5B config, whose other fields (vocabulary, rope theta 1e6, tied embeddings,
+# RMSNorm eps) the 3B shares. A folder with the official config.json gives the same shape.
+QWEN25_3B = dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                 num_key_value_heads=2, max_window_layers=36)
+if args.config == "Qwen2.5-3B-Instruct" and not os.path.isdir(args.config):
+    base = model_config("Qwen2.5-1.5B-Instruct")
+    d = {k: v for k, v in base.to_dict().items() if k != "layer_types"}  # layer_types: one per layer, remade
+    cfg = type(base)(**{**d, **QWEN25_3B})
+else:
+    cfg = model_config(args.config)
 torch.manual_seed(0)
 with device:  # random init straight on the GPU (a 1.5B init on the CPU takes tens of seconds)
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
