@@ -11,7 +11,7 @@
 #                                # then both runners at seed_rl.py's batch per engine (16 x 512 new tokens)
 #   bash benchmarks/remote/h200.sh W    # issue 31 item 5: weight sync and generation at the 1.5B and 3B shapes
 #                                # (random weights, model runner V2): 128 x (1,200 + 256) and seed_rl.py's batch
-#                                # per engine (16 x 512); SHAPES="1.5B 3B" picks
+#                                # per engine (16 x 512; B16=0 skips it); SHAPES="1.5B 3B" picks
 #   bash benchmarks/remote/h200.sh S1   # Stage 1 on the real 0.5B model: collect -> annotate (the model analyzes its
 #                                # own episodes) -> short SFT; then engine-vs-trainer log-prob agreement
 #   SFT_DATA=results/2026-12-03-stage1-chain-0.5b/stage1/skills.sft.jsonl bash benchmarks/remote/h200.sh SFT
@@ -157,10 +157,10 @@ P)  # trainer step on real (or synthetic) step-sample lengths, padded vs packed 
 W)  # weight sync + generation beside a standalone engine, per model shape (rollout.py: the sync is gather + load)
   mkdir -p "$RUN/perf"
   for shape in ${SHAPES:-1.5B 3B}; do
-    MEM=0.85; [ "$shape" = 3B ] && MEM=0.5  # the 3B's fp32 policy (12 GB) sits beside the engine
+    MEM=0.5  # the fp32 policy (4 bytes a parameter: 12 GB at 3B) sits beside the engine, on an 80 GB card too
     step rollout_$shape 240 $PY benchmarks/rollout.py --config Qwen2.5-$shape-Instruct --skip-hf \
         --gpu-memory-utilization $MEM --json "$RUN/perf/rollout_$shape.json"
-    step rollout_${shape}_b16 150 $PY benchmarks/rollout.py --config Qwen2.5-$shape-Instruct --skip-hf \
+    [ "${B16:-1}" = 1 ] && step rollout_${shape}_b16 150 $PY benchmarks/rollout.py --config Qwen2.5-$shape-Instruct --skip-hf \
         --gpu-memory-utilization $MEM --prompts 16 --new-tokens 512 --repeats 3 --sync-repeats 0 \
         --json "$RUN/perf/rollout_${shape}_b16.json"
   done
