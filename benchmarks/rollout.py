@@ -60,9 +60,10 @@ dtype = torch.bfloat16 if on_gpu else torch.float32
 tok = load_tokenizer("tiny")  # the real Qwen2.5 tokenizer
 
 # ---- a random-weight model folder of the real shape (vLLM loads models from disk)
-# Qwen2.5-3B-Instruct's config.json is not among ../shared/assets' configs (0.5B, 1.5B, 7B): its published sizes
-# (the Qwen2.5 model card) on the 1.5B config, whose other fields (vocabulary, rope theta 1e6, tied embeddings,
-# RMSNorm eps) the 3B shares. A folder with the official config.json gives the same shape.
+# Qwen2.5-3B-Instruct's config.json is not among ../shared/assets' configs (0.5B, 1.5B, 7B): its sizes (as in its
+# config.json on the hub: 36 layers, 16 query / 2 KV heads, hidden 2048, MLP 11008) on the 1.5B config, whose other
+# fields (vocabulary, rope theta 1e6, tied embeddings, RMSNorm eps) the 3B shares: 3.09 B parameters, the published
+# count. A folder with the official config.json (--config /path/to/it) gives the same shape.
 QWEN25_3B = dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
                  num_key_value_heads=2, max_window_layers=36)
 if args.config == "Qwen2.5-3B-Instruct" and not os.path.isdir(args.config):
