@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -64,6 +65,14 @@ def run_built(cmd, *extra, timeout=600):
     return run_script([*cmd[1:], *extra], timeout=timeout)
 
 
+def side_by_side(*calls):
+    """Run independent jobs at once (each a (function, args...) tuple, e.g. run_built): each is one single-threaded
+    subprocess, so on 2 cores two of them take about the time of one. Returns their results; re-raises a failure."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(*call) for call in calls]
+        return [f.result() for f in futures]
+
+
 def read(path):
     return [json.loads(line) for line in open(path) if line.strip()]
 
@@ -102,23 +111,28 @@ def test_h200_parts_build_their_jobs_through_commands_py(tmp_path):
 @pytest.fixture(scope="module")
 def bc_part(tmp_path_factory):
     """Part L with START=bc PROBE=1, as h200.sh builds it: an expert episode file (collect.py), then the warm
-    start's SFT for real (1 epoch). Returns (run folder, the built commands by name)."""
+    start's SFT for real (1 epoch); meanwhile, as h200.sh runs it, the probe (it trains the base model, so it needs
+    neither the episodes nor the SFT: side by side, the two take about the time of one on 2 cores; its metrics
+    are checked in test_part_L_probe_runs_for_real). Returns (run folder, the built commands by name)."""
     run_dir = tmp_path_factory.mktemp("h200_L_bc")
     bc_data = run_dir / "expert.jsonl"
-    run_script(["collect.py", "--env", "alfworld", "--model", "expert", "--tasks", "2", "--rollouts", "1",
-                "--workers", "1", "--out", str(bc_data)])
     cmds = dict(h200("L", run_dir, START="bc", PROBE="1", BC_DATA=str(bc_data), BC_EPOCHS="1", PROBE_UPDATES="1",
                      LANES="1", METHODS="grpo", SEEDS="0", UPDATES="1", TASKS="1", STEPS="2", EVAL_LIMIT="1",
                      BUDGET="900", KV_GIB="4"))
-    run_built(cmds["bc-sft"], "--batch-size", "2", "--micro-batch", "1")
+
+    def warm_start():
+        run_script(["collect.py", "--env", "alfworld", "--model", "expert", "--tasks", "2", "--rollouts", "1",
+                    "--workers", "1", "--out", str(bc_data)])
+        run_built(cmds["bc-sft"], "--batch-size", "2", "--micro-batch", "1")
+
+    side_by_side((warm_start,), (run_built, cmds["probe"], "--tasks-per-update", "1", "--group-size", "2", *CPU))
     assert (run_dir / "bc" / "config.json").exists()
     return run_dir, cmds
 
 
 @pytest.mark.slow
 def test_part_L_probe_runs_for_real(bc_part):
-    run_dir, cmds = bc_part
-    run_built(cmds["probe"], "--tasks-per-update", "1", "--group-size", "2", *CPU)
+    run_dir, cmds = bc_part  # the probe ran in bc_part, beside the warm start's SFT
     rows = read(run_dir / "probe" / "metrics.jsonl")
     assert [r["update"] for r in rows] == [1] and "rollout/probe_rate" in rows[0]
 
