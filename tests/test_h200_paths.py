@@ -177,8 +177,12 @@ def test_part_Q_runs_for_real_against_a_live_retriever(tmp_path):
     proc, port = start_retriever(retr, tmp_path)
     try:
         few = ["--backend", "hf", "--limit", "1", *CPU]
-        run_built(at_port(eval0, port), *few)
-        run_built(at_port(train, port), "--group-size", "2", "--max-steps", "2", *CPU)
+        # the start's evaluation and the training read nothing of each other (both start from the tiny model):
+        # side by side, against the same live retriever. The training's self-analyses are cut at 16 tokens (a
+        # size, like --max-new-tokens): the random model never ends one, and at the default 4096 they took ~80 s
+        side_by_side((run_built, at_port(eval0, port), *few),
+                     (run_built, at_port(train, port), "--group-size", "2", "--max-steps", "2",
+                      "--analysis-max-new-tokens", "16", *CPU))
         final = run_dir / "search" / "seed" / "hf" / "final"
         assert (final / "config.json").exists()  # h200.sh evaluates it (else the start again)
         eval1 = at_port(eval1, port)
