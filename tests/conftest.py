@@ -32,6 +32,16 @@ def run_script(args, timeout=600, check=True, **kw):
     return res
 
 
+def side_by_side(*calls):
+    """Run independent jobs at once, each a (function, args...) tuple (e.g. (run_script, [...])), in threads; returns
+    their results in order and re-raises the first failure. A script run is one single-threaded process
+    (OMP_NUM_THREADS=1), so on 2 cores two of them take about the time of one."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(*call) for call in calls]
+        return [f.result() for f in futures]
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from common.models import load_tokenizer

@@ -11,11 +11,10 @@ import os
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import REPO, run_script
+from conftest import REPO, run_script, side_by_side
 from test_search import REAL_CORPUS, start_server, stop
 
 H200 = os.path.join(REPO, "benchmarks", "remote", "h200.sh")
@@ -63,14 +62,6 @@ def run_built(cmd, *extra, timeout=600):
     """A built command, as the shim recorded it (the interpreter first), with flags appended."""
     assert cmd[0] == sys.executable
     return run_script([*cmd[1:], *extra], timeout=timeout)
-
-
-def side_by_side(*calls):
-    """Run independent jobs at once (each a (function, args...) tuple, e.g. run_built): each is one single-threaded
-    subprocess, so on 2 cores two of them take about the time of one. Returns their results; re-raises a failure."""
-    with ThreadPoolExecutor(len(calls)) as pool:
-        futures = [pool.submit(*call) for call in calls]
-        return [f.result() for f in futures]
 
 
 def read(path):
