@@ -296,6 +296,7 @@ def test_report_axes_lines_and_small_numbers(tmp_path, monkeypatch):
     assert "| `loss/opd` | seed | 3 | 3.00e-05 | 9.00e-05 |" in md
 
 
+@pytest.mark.slow  # ~47 s on 2 cores: 6 expert episodes over an interrupted run and its rerun
 def test_ctrl_c_saves_every_finished_episode_and_says_how_to_resume(tmp_path):
     """As collect.py: each episode is written when it ends; Ctrl-C keeps them and prints one line."""
     out = tmp_path / "eval"

@@ -161,6 +161,7 @@ def test_two_processes_give_the_same_loss_curve(runs):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
 
 
+@pytest.mark.slow  # ~48 s on 2 cores: a killed run, its resume and a rerun of the finished one
 def test_killed_run_resumes_to_the_same_result(ref_run, sft_file, tmp_path):
     """SIGKILL inside the third trainer save (step 4; checkpoints every 2 steps and at epoch ends), at the step
     that used to leave no checkpoint: the old one renamed away, the new one not yet in place ($SEED_KILL_AT,
