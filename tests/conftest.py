@@ -32,6 +32,16 @@ def run_script(args, timeout=600, check=True, **kw):
     return res
 
 
+def side_by_side(*calls):
+    """Run independent jobs at once, each a (function, args...) tuple (e.g. (run_script, [...])), in threads; returns
+    their results in order and re-raises the first failure. A script run is one single-threaded process
+    (OMP_NUM_THREADS=1), so on 2 cores two of them take about the time of one."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(*call) for call in calls]
+        return [f.result() for f in futures]
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from common.models import load_tokenizer
@@ -39,21 +49,28 @@ def tokenizer():
 
 
 @pytest.fixture(scope="session")
-def expert_trajectories(tmp_path_factory):
-    """collect.py with the scripted expert: 1 train task per type x 2 rollouts (12 winning episodes)."""
-    out = tmp_path_factory.mktemp("expert") / "traj.jsonl"
-    run_script(["collect.py", "--model", "expert", "--tasks", "6", "--rollouts", "2",
-                "--workers", "2", "--out", str(out)])
-    return out
+def _collected(tmp_path_factory):
+    """The two collect.py runs behind expert_trajectories and tiny_trajectories, side by side (the suite uses both:
+    ~53 s at once against ~67 s one after the other on 2 cores). Returns (expert path, tiny path)."""
+    expert = tmp_path_factory.mktemp("expert") / "traj.jsonl"
+    tiny = tmp_path_factory.mktemp("tiny") / "traj.jsonl"
+    side_by_side((run_script, ["collect.py", "--model", "expert", "--tasks", "6", "--rollouts", "2",
+                               "--workers", "2", "--out", str(expert)]),
+                 (run_script, ["collect.py", "--model", "tiny", "--tasks", "6", "--rollouts", "1", "--max-steps", "3",
+                               "--max-new-tokens", "16", "--workers", "2", "--out", str(tiny)]))
+    return expert, tiny
 
 
 @pytest.fixture(scope="session")
-def tiny_trajectories(tmp_path_factory):
+def expert_trajectories(_collected):
+    """collect.py with the scripted expert: 1 train task per type x 2 rollouts (12 winning episodes)."""
+    return _collected[0]
+
+
+@pytest.fixture(scope="session")
+def tiny_trajectories(_collected):
     """collect.py with the tiny random model: 1 train task per type x 1 rollout, 3 steps (failures)."""
-    out = tmp_path_factory.mktemp("tiny") / "traj.jsonl"
-    run_script(["collect.py", "--model", "tiny", "--tasks", "6", "--rollouts", "1", "--max-steps", "3",
-                "--max-new-tokens", "16", "--workers", "2", "--out", str(out)])
-    return out
+    return _collected[1]
 
 
 def interrupt(args, path, lines=1, timeout=300):

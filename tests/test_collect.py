@@ -106,6 +106,7 @@ def test_restart_with_other_settings_is_refused(resumed):
     assert (open(out, "rb").read(), open(out + ".manifest.json", "rb").read()) == before  # nothing touched
 
 
+@pytest.mark.slow  # ~58 s on 2 cores: 12 expert episodes over an interrupted run and its rerun
 def test_ctrl_c_saves_every_finished_episode_and_says_how_to_resume(tmp_path):
     """Six expert episodes in play at once (2 env workers): each is written the moment it ends, so a Ctrl-C
     after the first keeps it and those that ended since, prints one line (no tracebacks), and rerunning the

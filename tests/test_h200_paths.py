@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_script
+from conftest import REPO, run_script, side_by_side
 from test_search import REAL_CORPUS, start_server, stop
 
 H200 = os.path.join(REPO, "benchmarks", "remote", "h200.sh")
@@ -102,23 +102,28 @@ def test_h200_parts_build_their_jobs_through_commands_py(tmp_path):
 @pytest.fixture(scope="module")
 def bc_part(tmp_path_factory):
     """Part L with START=bc PROBE=1, as h200.sh builds it: an expert episode file (collect.py), then the warm
-    start's SFT for real (1 epoch). Returns (run folder, the built commands by name)."""
+    start's SFT for real (1 epoch); meanwhile, as h200.sh runs it, the probe (it trains the base model, so it needs
+    neither the episodes nor the SFT: side by side, the two take about the time of one on 2 cores; its metrics
+    are checked in test_part_L_probe_runs_for_real). Returns (run folder, the built commands by name)."""
     run_dir = tmp_path_factory.mktemp("h200_L_bc")
     bc_data = run_dir / "expert.jsonl"
-    run_script(["collect.py", "--env", "alfworld", "--model", "expert", "--tasks", "2", "--rollouts", "1",
-                "--workers", "1", "--out", str(bc_data)])
     cmds = dict(h200("L", run_dir, START="bc", PROBE="1", BC_DATA=str(bc_data), BC_EPOCHS="1", PROBE_UPDATES="1",
                      LANES="1", METHODS="grpo", SEEDS="0", UPDATES="1", TASKS="1", STEPS="2", EVAL_LIMIT="1",
                      BUDGET="900", KV_GIB="4"))
-    run_built(cmds["bc-sft"], "--batch-size", "2", "--micro-batch", "1")
+
+    def warm_start():
+        run_script(["collect.py", "--env", "alfworld", "--model", "expert", "--tasks", "2", "--rollouts", "1",
+                    "--workers", "1", "--out", str(bc_data)])
+        run_built(cmds["bc-sft"], "--batch-size", "2", "--micro-batch", "1")
+
+    side_by_side((warm_start,), (run_built, cmds["probe"], "--tasks-per-update", "1", "--group-size", "2", *CPU))
     assert (run_dir / "bc" / "config.json").exists()
     return run_dir, cmds
 
 
 @pytest.mark.slow
 def test_part_L_probe_runs_for_real(bc_part):
-    run_dir, cmds = bc_part
-    run_built(cmds["probe"], "--tasks-per-update", "1", "--group-size", "2", *CPU)
+    run_dir, cmds = bc_part  # the probe ran in bc_part, beside the warm start's SFT
     rows = read(run_dir / "probe" / "metrics.jsonl")
     assert [r["update"] for r in rows] == [1] and "rollout/probe_rate" in rows[0]
 
@@ -163,8 +168,12 @@ def test_part_Q_runs_for_real_against_a_live_retriever(tmp_path):
     proc, port = start_retriever(retr, tmp_path)
     try:
         few = ["--backend", "hf", "--limit", "1", *CPU]
-        run_built(at_port(eval0, port), *few)
-        run_built(at_port(train, port), "--group-size", "2", "--max-steps", "2", *CPU)
+        # the start's evaluation and the training read nothing of each other (both start from the tiny model):
+        # side by side, against the same live retriever. The training's self-analyses are cut at 16 tokens (a
+        # size, like --max-new-tokens): the random model never ends one, and at the default 4096 they took ~80 s
+        side_by_side((run_built, at_port(eval0, port), *few),
+                     (run_built, at_port(train, port), "--group-size", "2", "--max-steps", "2",
+                      "--analysis-max-new-tokens", "16", *CPU))
         final = run_dir / "search" / "seed" / "hf" / "final"
         assert (final / "config.json").exists()  # h200.sh evaluates it (else the start again)
         eval1 = at_port(eval1, port)

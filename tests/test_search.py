@@ -895,14 +895,25 @@ def test_evaluate_expert_per_data_source(real_server, tmp_path):
     assert json.dumps(res)  # written, parseable
 
 
-def test_seed_rl_two_updates_tiny(real_server, tmp_path):
+TINY_FLAGS = ["seed_rl.py", "--env", "search", "--model", "tiny", "--tasks-per-update", "2", "--group-size", "2",
+              "--max-steps", "2", "--max-new-tokens", "8", "--analyzer-model", "scripted", "--workers", "1"]
+
+
+@pytest.fixture(scope="module")
+def two_updates(real_server, tmp_path_factory):
+    """seed_rl.py, 1 process, 2 updates. Shared: its update 1 is also the 1-process reference of the 2-process run
+    below (update 1 plays the same tasks and seeds whatever --updates is; a save changes nothing in the math), so
+    that test needs no 1-process run of its own (~25 s). Read only."""
     from conftest import run_script
-    run_script(["seed_rl.py", "--env", "search", "--model", "tiny", "--updates", "2", "--tasks-per-update", "2",
-                "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "8", "--analyzer-model", "scripted",
-                "--save-every", "1", "--workers", "1", "--retriever-url", real_server, "--out", str(tmp_path)],
-               timeout=600)
-    with open(tmp_path / "metrics.jsonl") as f:
-        m = [json.loads(line) for line in f]
+    out = tmp_path_factory.mktemp("search_seed_rl")
+    run_script([*TINY_FLAGS, "--updates", "2", "--save-every", "1", "--retriever-url", real_server,
+                "--out", str(out)], timeout=600)
+    with open(out / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_seed_rl_two_updates_tiny(two_updates):
+    m = two_updates
     assert [r["update"] for r in m] == [1, 2]
     for r in m:
         assert r["rollout/episodes"] == 4 and r["opd/teacher_coverage"] == 1.0 and r["skill/parse_rate"] == 1.0
@@ -910,16 +921,14 @@ def test_seed_rl_two_updates_tiny(real_server, tmp_path):
         assert r["rollout/invalid_rate"] == 1.0  # a random model writes no <search>/<answer> block
 
 
-def test_seed_rl_two_processes_match_one_process(real_server, tmp_path):
+def test_seed_rl_two_processes_match_one_process(real_server, two_updates, tmp_path):
     """2 ranks (gloo) play 1 group each; the losses equal the 1-process run's (global token-means)."""
     from conftest import run_script
-    flags = ["seed_rl.py", "--env", "search", "--model", "tiny", "--updates", "1", "--tasks-per-update", "2",
-             "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "8", "--analyzer-model", "scripted",
-             "--save-every", "100", "--workers", "1", "--retriever-url", real_server]
-    run_script([*flags, "--out", str(tmp_path / "one")], timeout=600)
-    run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *flags,
+    run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *TINY_FLAGS,
+                "--updates", "1", "--save-every", "100", "--retriever-url", real_server,
                 "--out", str(tmp_path / "two")], timeout=600)
-    one, two = (json.loads((tmp_path / d / "metrics.jsonl").read_text().splitlines()[0]) for d in ("one", "two"))
+    one = two_updates[0]
+    two = json.loads((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()[0])
     assert two["rollout/episodes"] == 4
     for k in ("loss/pg", "loss/kl", "loss/opd", "loss/total", "opd/gate_mean", "tokens/response", "grad_norm"):
         assert two[k] == pytest.approx(one[k], rel=1e-4, abs=1e-7), k

@@ -225,7 +225,8 @@ def test_opd_moves_plain_policy_toward_skill_context(tokenizer):
 
     def lp(prompt, resp):  # per-token log-probs of resp after prompt, [R]
         ids = torch.tensor([prompt + resp])
-        logits = model(ids).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
+        # the LM head on the positions that predict resp only (logits_to_keep: the same rows, not [len, 152k] of them)
+        logits = model(ids, logits_to_keep=len(resp) + 1).logits[0, :-1].float().log_softmax(-1)
         return logits.gather(-1, torch.tensor(resp)[:, None])[:, 0]
 
     # a controlled teacher context: the skill context is taught action A, the plain context action B
