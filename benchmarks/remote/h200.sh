@@ -156,8 +156,8 @@ P)  # trainer step on real (or synthetic) step-sample lengths, padded vs packed 
   ;;
 W)  # weight sync + generation beside a standalone engine, per model shape (rollout.py: the sync is gather + load)
   mkdir -p "$RUN/perf"
+  MEM=0.5  # the engine's share: the fp32 policy (4 bytes a parameter: 12 GB at 3B) sits beside it, on 80 GB too
   for shape in ${SHAPES:-1.5B 3B}; do
-    MEM=0.5  # the fp32 policy (4 bytes a parameter: 12 GB at 3B) sits beside the engine, on an 80 GB card too
     step rollout_$shape 240 $PY benchmarks/rollout.py --config Qwen2.5-$shape-Instruct --skip-hf \
         --gpu-memory-utilization $MEM --json "$RUN/perf/rollout_$shape.json"
     [ "${B16:-1}" = 1 ] && step rollout_${shape}_b16 150 $PY benchmarks/rollout.py --config Qwen2.5-$shape-Instruct --skip-hf \
