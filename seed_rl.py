@@ -325,7 +325,7 @@ def parse_args():
                  group_size=P["group_size"], max_steps=P["max_steps"], history=P["history"],
                  max_prompt_tokens=P["max_prompt_tokens"], max_new_tokens=P["max_new_tokens"], temperature=1.0,
                  invalid_penalty=P["invalid_penalty"], invalid_rule="public", analysis_max_new_tokens=4096,
-                 analysis_repeat_stop=None, analysis_max_len=16384, min_skill_words=1, dual_clip=3.0,
+                 analysis_loop_stop=0, analysis_max_len=16384, min_skill_words=1, dual_clip=3.0,
                  lr=P["lr"], warmup_ratio=P["warmup_ratio"], mini_batch=P["mini_batch"],
                  micro_batch=P["micro_batch"], clip_eps=0.2, grad_clip=1.0, kl_coef=P["kl_coef"], opd_coef=0.01,
                  opd_beta=5.0, adv_mode="episode", adv_norm=P["adv_norm"], analyzer_model=None)
@@ -358,13 +358,12 @@ def parse_args():
     add_kv_cache_arg(g)
     g.add_argument("--analysis-max-new-tokens", type=int, default=paper["analysis_max_new_tokens"],
                    help="tokens of one self-analysis answer (greedy)")
-    g.add_argument("--analysis-repeat-stop", type=int, nargs=2, default=paper["analysis_repeat_stop"],
-                   metavar=("SPAN", "COUNT"), help="end a self-analysis once it has written the same block of at most "
-                   "SPAN tokens COUNT times in a row (vLLM's repetition detection). A greedy answer that loops runs to "
-                   "--analysis-max-new-tokens, and the episodes that end last wait for it. COUNT above --max-steps "
-                   "never cuts a skill that lists the episode's own repeated actions; SPAN must hold the looping block "
-                   "(a loop over an 8-action list, ~70 tokens, escaped SPAN 64): e.g. 128 16 at 15 steps, 128 32 at 30 "
-                   "(default: off, as the paper)")
+    g.add_argument("--analysis-loop-stop", type=int, default=paper["analysis_loop_stop"], metavar="WINDOW",
+                   help="end a self-analysis once its last WINDOW tokens are one block written over and over (a loop). "
+                   "A greedy answer that loops runs to --analysis-max-new-tokens, and the episodes that end last wait "
+                   "for it. A skill that faithfully lists the episode's actions repeats at most --max-steps of them "
+                   "(~12 tokens each), so a WINDOW above that never cuts one: e.g. 256 at 15 steps, 512 at 30 "
+                   "(benchmarks/analysis_loops.py replays a run's answers). 0: off, as the paper")
     g.add_argument("--min-skill-words", type=int, default=paper["min_skill_words"], help="shortest skill that "
                    "gets a teacher signal (the public code: any non-empty skill; Stage 1's annotations use 5)")
     g.add_argument("--analysis-max-len", type=int, default=paper["analysis_max_len"],
@@ -447,9 +446,9 @@ def parse_args():
         sys.exit("--group-size 1: GRPO ranks the episodes of a task against each other, so with one episode every "
                  "advantage is 0 and the policy-gradient term trains nothing; use --group-size 2 or more (the paper: "
                  f"{paper['group_size']}), or pass --allow-group-of-one to train on the KL and OPD terms alone")
-    if args.analysis_repeat_stop and (args.analysis_repeat_stop[0] < 1 or args.analysis_repeat_stop[1] < 2):
-        sys.exit(f"--analysis-repeat-stop {' '.join(map(str, args.analysis_repeat_stop))}: expected SPAN >= 1 tokens "
-                 "and COUNT >= 2 repeats (e.g. 128 16)")
+    if args.analysis_loop_stop < 0 or args.analysis_loop_stop == 1:
+        sys.exit(f"--analysis-loop-stop {args.analysis_loop_stop}: expected 0 (off) or a WINDOW of at least 2 tokens "
+                 "(a loop is a block written twice or more; e.g. 512)")
     # flags that would change nothing in this run are refused (issue 29; tests/test_flags.py walks them all)
     if args.opd_coef <= 0:
         refuse_unused(p, args, OPD_ONLY_FLAGS, "with --opd-coef 0 (GRPO) no episode is analyzed and there is no "
@@ -521,7 +520,7 @@ def main():
                                      lockstep=args.lockstep, analyzer=run.analyzer if args.opd_coef > 0 else None,
                                      analysis_prompt=lambda ep: analysis_prompt(tokenizer, ep, args, env),
                                      analysis_max_new_tokens=args.analysis_max_new_tokens,
-                                     analysis_repeat_stop=args.analysis_repeat_stop, on_played=start_plain)
+                                     analysis_loop_stop=args.analysis_loop_stop, on_played=start_plain)
         # the rollout's phases (sum: time/rollout; loop: its own CPU work); busy_*: time each had work in flight
         tm.update(rollout=rt["wall"], generate=rt["generate"], env=rt["reset"] + rt["env"], loop=rt["parse"],
                   analysis=rt["analysis"], **{k: v for k, v in rt.items() if k.startswith("busy_")})
@@ -906,8 +905,8 @@ def update_metrics(env, args, update, u, device, world):
                "skill/analysis_tokens_max": max((x["analysis_tokens"] for x in analyzed), default=None),
                "skill/analysis_capped": mean([x["analysis_finish"] == "length" for x in analyzed])
                if analyzed else None,
-               "skill/analysis_repeat_stopped": mean([x["analysis_finish"] == "repetition" for x in analyzed])
-               if analyzed and args.analysis_repeat_stop else None,  # ended by --analysis-repeat-stop
+               "skill/analysis_loop_stopped": mean([x["analysis_finish"] == "repetition" for x in analyzed])
+               if analyzed and args.analysis_loop_stop else None,  # ended by --analysis-loop-stop
                **{f"skill/fail/{why}": mean([x["skill_fail"] == why for x in eps])  # share of episodes, per reason
                   for why in (sorted({x["skill_fail"] for x in eps} - {"", None}) if use_opd else [])},
                "opd/teacher_coverage": ttok / tok if use_opd else None,

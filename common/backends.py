@@ -1,7 +1,7 @@
 """Generation backends behind one small interface (model and tokenizer loading: common/models.py).
 
     backend.submit(req_id, prompt_ids, max_new_tokens=..., temperature=..., seed=None, want_logprobs=None,
-                   repeat_stop=None, context=None)      queue one request; returns at once
+                   loop_stop=None, context=None)      queue one request; returns at once
     backend.poll() -> [(req_id, Generation)]   advance the engine and hand back the requests that finished
     backend.generate(prompts, max_new_tokens=..., temperature=..., contexts=None, seeds=None,
                      want_logprobs=None) -> [Generation]   one batch, in order (submit all, poll until done)
@@ -14,10 +14,9 @@ the arrival order, the number of ranks or the batch split (and a resumed run rep
 Generation holds the response token ids (the stop token included when the model stopped by itself, so a
 trainer learns to stop), the decoded text, the sampled tokens' log-probs where the backend gives them and
 they were asked for (`want_logprobs`, per backend and per request: they cost speed in vLLM and memory in
-HF), and why it stopped: 'stop', 'length', or 'repetition' (repeat_stop=(span, count): the response ended in a
-block of at most `span` tokens written `count` times in a row, vLLM's RepetitionDetectionParams; see
-`repetition_end`). context is the live episode record (the scripted backends
-read it; the engines ignore it).
+HF), and why it stopped: 'stop', 'length', or 'repetition' (loop_stop=window: its last `window` tokens were one
+block written over and over, see `LoopStop`). context is the live episode record (the scripted backends read it;
+the engines ignore it).
 
   VLLMBackend  GPU; vLLM's in-process engine, request by request (`add_request` / `step`: continuous
                batching); sampled-token log-probs; sleep/wake and per-parameter weight loading so it can live
@@ -34,6 +33,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from common.models import stop_token_ids
@@ -48,34 +48,63 @@ class Generation:
     logprobs: list = field(default=None)  # per response token, or None
 
 
-def repeats_at_end(ids, span, count, end=None):
-    """True when ids[:end] ends in a block of 1..span tokens written `count` times in a row (vLLM 0.24's
-    check_sequence_repetition with min_pattern_size 1: the engine runs it after each new token)."""
-    end = len(ids) if end is None else end
-    for p in range(1, span + 1):
-        if p * count > end:
-            return False
-        if all(ids[end - k] == ids[end - p * m - k] for k in range(1, p + 1) for m in range(1, count)):
-            return True
-    return False
+class LoopStop:
+    """loop_stop=window: a response ends at its first token where its last `window` tokens are one block of at
+    most window // 2 tokens written over and over (a loop: a greedy answer that loops never ends by itself).
+    Fed token by token, O(window) each: run[p - 1] counts the latest tokens that equal the token p places before
+    them, so the last `window` tokens have period p exactly when run[p - 1] >= window - p. vLLM's own repetition
+    detection (one block size range, one fixed repeat count) cannot say "the last `window` tokens", which is what
+    tells a loop from a faithful list that repeats one action many times (seed_rl.py --analysis-loop-stop)."""
+
+    def __init__(self, window):
+        if window < 2:
+            raise ValueError(f"loop_stop={window}: a loop needs a window of at least 2 tokens (two blocks of 1)")
+        self.window, self.n, self.end = window, 0, None
+        self.periods = np.arange(1, window // 2 + 1)  # [P]
+        self.run = np.zeros(len(self.periods), dtype=np.int64)  # [P]
+        self.ids = np.zeros(max(window, 64), dtype=np.int64)  # the response so far, grown by doubling
+
+    def push(self, tokens):
+        """Feeds the response's next tokens; returns the length at which it first ended in a loop, or None."""
+        for t in tokens:
+            if self.end is not None:
+                break
+            n, m = self.n, min(self.n, len(self.periods))
+            same = np.zeros(len(self.periods), dtype=bool)
+            same[:m] = self.ids[n - m:n][::-1] == t  # same[p - 1]: the new token equals the one p places before
+            self.run = np.where(same, self.run + 1, 0)
+            if n == len(self.ids):
+                self.ids = np.concatenate([self.ids, np.zeros_like(self.ids)])
+            self.ids[n], self.n = t, n + 1
+            if (self.run + self.periods >= self.window).any():
+                self.end = self.n
+        return self.end
 
 
-def repetition_end(ids, span, count):
-    """The length at which a response under repeat_stop=(span, count) stops: its shortest prefix that ends in
-    such a repetition, or None. The HF backend cuts its responses here, where vLLM's engine stops them."""
-    return next((n for n in range(1, len(ids) + 1) if repeats_at_end(ids, span, count, n)), None)
+def loop_end(ids, window):
+    """The length at which a response under loop_stop=window ends (LoopStop), or None."""
+    return LoopStop(window).push(ids)
 
 
-class RepetitionStop:
-    """HF `generate` stopping criterion for repeat_stop: a row is done once its response (the tokens after the
-    prompt's `width`) ends in a repetition, so a looping answer does not run to max_new_tokens."""
+def cut_at_loop(n, reason, end, max_new_tokens):
+    """A response of n tokens that ended for `reason`, whose loop (if any) completed at token `end`: (length,
+    reason) after the loop stop, in vLLM's order on each new token: a stop token, then the cap, then the loop."""
+    if end is not None and (end < n or reason == "length" and end < max_new_tokens):
+        return end, "repetition"
+    return n, reason
 
-    def __init__(self, width, span, count):
-        self.width, self.span, self.count = width, span, count
+
+class LoopCriterion:
+    """HF `generate` stopping criterion for loop_stop: a row is done once its response (the tokens after the
+    prompt's `width`) ends in a loop."""
+
+    def __init__(self, width, window, rows):
+        self.width, self.seen, self.loops = width, 0, [LoopStop(window) for _ in range(rows)]
 
     def __call__(self, input_ids, scores, **kwargs):
-        rows = input_ids[:, self.width:].tolist()
-        return torch.tensor([repeats_at_end(r, self.span, self.count) for r in rows], device=input_ids.device)
+        new = input_ids[:, self.width + self.seen:].tolist()  # [B, tokens since the last call]
+        self.seen += len(new[0])
+        return torch.tensor([loop.push(r) is not None for loop, r in zip(self.loops, new)], device=input_ids.device)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -84,15 +113,15 @@ class RepetitionStop:
 class BatchBackend:
     """submit/poll for a backend whose work is one batched call, `generate`: submit holds the request; poll
     runs `generate` once over every request held (one call per distinct setting: max tokens, temperature,
-    log-probs, repeat stop, seeded or not) and returns them all. Each sample depends only on its own seed, so which
+    log-probs, loop stop, seeded or not) and returns them all. Each sample depends only on its own seed, so which
     requests share a call changes nothing."""
 
     def submit(self, req_id, prompt_ids, *, max_new_tokens, temperature, seed=None, want_logprobs=None,
-               repeat_stop=None, context=None):
+               loop_stop=None, context=None):
         if not hasattr(self, "_held"):
             self._held = []
         self._held.append((req_id, list(prompt_ids),
-                           (max_new_tokens, temperature, want_logprobs, tuple(repeat_stop or ()), seed is None),
+                           (max_new_tokens, temperature, want_logprobs, loop_stop, seed is None),
                            seed, context))
 
     def poll(self):
@@ -101,10 +130,10 @@ class BatchBackend:
         for r in held:
             groups.setdefault(r[2], []).append(r)
         out = []
-        for (max_new_tokens, temperature, want_logprobs, repeat_stop, unseeded), reqs in groups.items():
+        for (max_new_tokens, temperature, want_logprobs, loop_stop, unseeded), reqs in groups.items():
             gens = self.generate([r[1] for r in reqs], max_new_tokens=max_new_tokens, temperature=temperature,
                                  contexts=[r[4] for r in reqs], seeds=None if unseeded else [r[3] for r in reqs],
-                                 want_logprobs=want_logprobs, repeat_stop=repeat_stop)
+                                 want_logprobs=want_logprobs, loop_stop=loop_stop)
             out += [(r[0], g) for r, g in zip(reqs, gens)]
         return out
 
@@ -140,7 +169,7 @@ class HFBackend(BatchBackend):
 
     @torch.no_grad()
     def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None, want_logprobs=None,
-                 repeat_stop=None):
+                 loop_stop=None):
         """want_logprobs: this call's choice (None: the backend's). With log-probs, `generate` keeps every
         step's [B, V] logits, so long generations (the 4,096-token analysis) should not ask for them."""
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -162,7 +191,7 @@ class HFBackend(BatchBackend):
             for i, p in enumerate(chunk):  # left padding: generation continues right after the prompt
                 ids[i, width - len(p):] = torch.tensor(p)
                 mask[i, width - len(p):] = 1
-            stops = StoppingCriteriaList([RepetitionStop(width, *repeat_stop)] if repeat_stop else [])
+            stops = StoppingCriteriaList([LoopCriterion(width, loop_stop, len(chunk))] if loop_stop else [])
             res = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                       generation_config=cfg, logits_processor=procs, stopping_criteria=stops)
             new = res.sequences[:, width:].tolist()  # [B, T_new]
@@ -176,10 +205,8 @@ class HFBackend(BatchBackend):
                     if t in self.stop_ids:
                         n, reason = j + 1, "stop"
                         break
-                r = repetition_end(toks[:n], *repeat_stop) if repeat_stop else None
-                # vLLM's order on each new token: a stop token, then the cap, then the repetition check
-                if r is not None and (r < n or reason == "length" and r < max_new_tokens):
-                    n, reason = r, "repetition"
+                if loop_stop:
+                    n, reason = cut_at_loop(n, reason, loop_end(toks[:n], loop_stop), max_new_tokens)
                 toks = toks[:n]
                 out.append(Generation(toks, self.tok.decode(toks, skip_special_tokens=True), reason,
                                       lps[i, :n].tolist() if lps is not None else None))
@@ -245,10 +272,11 @@ class VLLMBackend:
                        enable_sleep_mode=enable_sleep_mode, enable_prefix_caching=True, seed=seed,
                        tensor_parallel_size=tensor_parallel_size, **kw)  # >1: evaluate.py --tp, no torchrun
         self.sleeping, self.pending = False, set()
+        self.growing = {}  # loop_stop requests: the response so far (DELTA outputs), its LoopStop, its cap
         self.sleep_check_failures = 0  # vLLM's free-memory check of a sleep, failed by another process (sleep)
 
     def submit(self, req_id, prompt_ids, *, max_new_tokens, temperature, seed=None, want_logprobs=None,
-               repeat_stop=None, context=None):
+               loop_stop=None, context=None):
         """One request into the engine (`LLMEngine.add_request`); it is scheduled at the next `poll`."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -260,14 +288,16 @@ class VLLMBackend:
         # one batch_decode of the finished responses gives their text. Log-probs cost 25% of the throughput
         # with vLLM's detokenizer and 4% without it (README, Performance).
         # FINAL_ONLY: `step` returns a request once, when it has finished (as `LLM.generate` asks for), not a
-        # cumulative output for every running request at every step.
+        # cumulative output for every running request at every step. With loop_stop, DELTA: each step's new
+        # tokens, which `poll` checks for a loop itself (LoopStop) and aborts the request on one.
         sp = SamplingParams(temperature=temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
                             max_tokens=max_new_tokens, logprobs=0 if want_logprobs else None, detokenize=False,
                             seed=None if seed is None else int(seed) % (2 ** 31),
-                            output_kind=RequestOutputKind.FINAL_ONLY,
-                            repetition_detection=_repetition_params(repeat_stop))
+                            output_kind=RequestOutputKind.DELTA if loop_stop else RequestOutputKind.FINAL_ONLY)
         self.llm.llm_engine.add_request(str(req_id), _token_prompt(prompt_ids), sp)
         self.pending.add(str(req_id))
+        if loop_stop:
+            self.growing[str(req_id)] = dict(loop=LoopStop(loop_stop), ids=[], lps=[], cap=max_new_tokens)
 
     def poll(self):
         """One engine step (a forward over every request in flight: prefill chunks and one decode token each);
@@ -275,32 +305,48 @@ class VLLMBackend:
         if not self.pending:
             return []
         engine = self.llm.llm_engine
-        done = [o for o in engine.step() if o.finished and o.request_id in self.pending]
-        if len(done) < len(self.pending) and not engine.has_unfinished_requests():  # never spin on lost requests
-            raise RuntimeError(f"vLLM dropped {len(self.pending) - len(done)} requests (aborted or rejected)")
-        outs = [o.outputs[0] for o in done]
-        texts = self.tok.batch_decode([list(c.token_ids) for c in outs], skip_special_tokens=True) if outs else []
-        gens = []
-        for o, c, text in zip(done, outs, texts):
-            self.pending.discard(o.request_id)
+        done = []  # (request id, token ids, log-probs or None, finish reason)
+        for o in engine.step():
+            if o.request_id not in self.pending:
+                continue
+            c = o.outputs[0]
             lps = [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs is not None else None
-            # vLLM 0.24 reports a repetition stop as finish_reason 'repetition' (FINISHED_REPETITION)
-            reason = c.finish_reason if c.finish_reason in ("length", "repetition") else "stop"
-            gens.append((o.request_id, Generation(list(c.token_ids), text, reason, lps)))
-        return gens
+            reason = "length" if c.finish_reason == "length" else "stop"
+            g = self.growing.get(o.request_id)
+            if g is None:  # FINAL_ONLY: the whole response, once
+                if o.finished:
+                    done.append((o.request_id, list(c.token_ids), lps, reason))
+                continue
+            # DELTA: this step's new tokens (one, without speculative decoding), checked for a loop
+            g["ids"] += c.token_ids
+            g["lps"] = None if lps is None else g["lps"] + lps
+            end = g["loop"].push(c.token_ids)
+            if not o.finished and end is None:
+                continue
+            if not o.finished:
+                engine.abort_request([o.request_id])  # frees its KV cache now; the engine sends nothing more
+            n, reason = cut_at_loop(len(g["ids"]), reason if o.finished else "length", end, g["cap"])
+            done.append((o.request_id, g["ids"][:n], None if g["lps"] is None else g["lps"][:n], reason))
+            del self.growing[o.request_id]
+        for rid, *_ in done:
+            self.pending.discard(rid)
+        if self.pending and not engine.has_unfinished_requests():  # never spin on lost requests
+            raise RuntimeError(f"vLLM dropped {len(self.pending)} requests (aborted or rejected)")
+        texts = self.tok.batch_decode([ids for _, ids, _, _ in done], skip_special_tokens=True) if done else []
+        return [(rid, Generation(ids, text, reason, lps)) for (rid, ids, lps, reason), text in zip(done, texts)]
 
     def in_flight(self):
         return len(self.pending)
 
     def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None, want_logprobs=None,
-                 repeat_stop=None):
+                 loop_stop=None):
         """One batch through the same engine path as the rollout loop (annotate.py, the benchmarks)."""
         if self.pending:
             raise RuntimeError("generate() while requests of the rollout loop are in flight")
         for k, p in enumerate(prompts):
             self.submit(f"generate-{k}", p, max_new_tokens=max_new_tokens, temperature=temperature,
                         seed=None if seeds is None else seeds[k], want_logprobs=want_logprobs,
-                        repeat_stop=repeat_stop)
+                        loop_stop=loop_stop)
         got = {}
         while self.pending:
             got.update(self.poll())
@@ -343,13 +389,6 @@ class VLLMBackend:
             self.sleeping = tags is not None and "kv_cache" not in tags
 
 
-def _repetition_params(repeat_stop):
-    if not repeat_stop:
-        return None
-    from vllm.sampling_params import RepetitionDetectionParams  # vLLM >= 0.12
-    return RepetitionDetectionParams(max_pattern_size=repeat_stop[0], min_count=repeat_stop[1])
-
-
 def _token_prompt(ids):
     """A prompt of token ids for `LLMEngine.add_request`: vLLM 0.24's rendered-input form when it has one
     (taken as is), else the `TokensPrompt` that older releases preprocess."""
@@ -371,7 +410,7 @@ class ExpertPolicy(BatchBackend):
         self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None, seeds=None,
-                 want_logprobs=None, repeat_stop=None):  # scripted: never any log-probs or repetitions
+                 want_logprobs=None, loop_stop=None):  # scripted: never any log-probs or loops
         from envs import load_env
         if contexts is None:
             raise ValueError("ExpertPolicy needs the episodes as contexts")
@@ -486,7 +525,7 @@ class ScriptedAnalyzer(BatchBackend):
         self.tok = tokenizer
 
     def generate(self, prompts, *, max_new_tokens=None, temperature=None, contexts=None, seeds=None,
-                 want_logprobs=None, repeat_stop=None):  # scripted: never any log-probs or repetitions
+                 want_logprobs=None, loop_stop=None):  # scripted: never any log-probs or loops
         out = []
         for ep in contexts:
             summary, skill = scripted_analysis(ep)

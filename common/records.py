@@ -26,13 +26,13 @@ PACKAGES = ["torch", "transformers", "vllm", "flash-attn", "accelerate", "alfwor
 # seed_rl.py's flags of the self-analysis (and of the scoring beside it) and the OPD term. With --opd-coef 0 (GRPO)
 # no episode is analyzed and there is no OPD term: seed_rl.py refuses them; drivers that give both arms one flag
 # string drop them from GRPO's.
-OPD_ONLY_FLAGS = ("analyzer_model", "analysis_max_new_tokens", "analysis_repeat_stop", "analysis_max_len",
+OPD_ONLY_FLAGS = ("analyzer_model", "analysis_max_new_tokens", "analysis_loop_stop", "analysis_max_len",
                   "min_skill_words", "opd_beta", "serial_scoring")
 
 
 def drop_flags(tokens, names):
     """A command line's tokens without the flags in names ('--flag'), each with its values (--flag value,
-    --flag v1 v2 for nargs flags such as --analysis-repeat-stop, --flag=value; a bare --flag when the next token is
+    --flag v1 v2 for nargs flags such as evaluate.py's --report, --flag=value; a bare --flag when the next token is
     another flag or there is none). The scripts take no positional arguments, so every token up to the next
     --flag is a value."""
     out, i = [], 0

@@ -94,7 +94,7 @@ def new_episode(env, spec, state):
 def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=5, max_prompt_tokens=2048,
                   max_new_tokens=512, temperature=0.4, invalid_fallback=None, invalid_penalty=None,
                   invalid_rule="public", max_live=None, lockstep=False, analyzer=None, analysis_prompt=None,
-                  analysis_max_new_tokens=4096, analysis_repeat_stop=None, on_episode=None, on_played=None,
+                  analysis_max_new_tokens=4096, analysis_loop_stop=None, on_episode=None, on_played=None,
                   progress=None):
     """Play one episode per spec; each episode is its own flow (reset -> prompt -> generate -> parse -> env
     step -> prompt ...), and moves on as soon as its own response or env answer is in.
@@ -105,11 +105,11 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
     lockstep: the old schedule, kept for comparison (benchmarks/rollout_async.py): episodes start in batches of
       max_live, every live episode generates, then every env steps, turn after turn; analyses start when the
       whole batch has ended.
-    analyzer, analysis_prompt, analysis_max_new_tokens, analysis_repeat_stop: SEED's self-analysis (seed_rl.py).
+    analyzer, analysis_prompt, analysis_max_new_tokens, analysis_loop_stop: SEED's self-analysis (seed_rl.py).
       When an episode ends (without an env failure), analysis_prompt(episode) gives its prompt ids (None: no
       analysis) and the analyzer (the policy's own engine in SEED) answers greedily; the text lands in
       episode["analysis"], how it ended in episode["analysis_finish"] ('stop', 'length', 'repetition':
-      analysis_repeat_stop=(span, count), see common/backends.py).
+      analysis_loop_stop=window, see common/backends.py LoopStop).
     invalid_rule: 'public' (the env's validity rule, as the paper's public code) or 'strict' (a well-formed
       action that is not admissible is invalid too: the stricter ablation). Either way each step records whether
       its action was admissible (`admissible_action`, the env's `is_admissible`; None where that does not apply).
@@ -219,7 +219,7 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
                 kinds["analysis"] += 1
                 # no log-probs: nothing uses the analysis's, and HF `generate` would keep [B, T, V] logits
                 analyzer.submit(f"{i}/analysis", ids, max_new_tokens=analysis_max_new_tokens, temperature=0.0,
-                                want_logprobs=False, repeat_stop=analysis_repeat_stop, context=episodes[i])
+                                want_logprobs=False, loop_stop=analysis_loop_stop, context=episodes[i])
             to_analyze = []
         load()
 

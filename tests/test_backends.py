@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from common.backends import HFBackend, VLLMBackend, repeats_at_end, repetition_end
+from common.backends import HFBackend, LoopStop, VLLMBackend, cut_at_loop, loop_end
 
 from common.models import load_model
 
@@ -26,20 +26,25 @@ from common.models import load_model
 class FakeEngine:
     """vLLM's synchronous `LLMEngine` as the backend drives it: `add_request` queues a request; each `step` is one
     forward, in which every running request gets one token, and returns the requests that finished in it
-    (output_kind FINAL_ONLY). Request k answers [100 + k, 200 + k], odd ones then stop with <|im_end|>; an even one
-    with repetition detection on reports a repetition stop (vLLM's finish_reason 'repetition')."""
+    (output_kind FINAL_ONLY: the whole response) and, for output_kind DELTA, every running request with its new
+    token. Request k answers [100 + k, 200 + k], odd ones then stop with <|im_end|>; `answers[k]`, where set, is
+    request k's answer instead (ending in <|im_end|> means it stops by itself). `abort_request` drops requests."""
 
     def __init__(self):
-        self.added, self.running, self.steps, self.joins = [], {}, 0, []
+        self.added, self.running, self.steps, self.joins, self.answers, self.aborted = [], {}, 0, [], {}, []
 
     def add_request(self, request_id, prompt, params):
         assert isinstance(request_id, str) and request_id not in self.running
         k = len(self.added)
         self.added.append((request_id, prompt, params))
         self.joins.append((self.steps, len(self.running)))  # (engine steps so far, requests running)
-        toks = [100 + k, 200 + k] + ([151645] if k % 2 else [])
-        self.running[request_id] = dict(k=k, todo=toks[:params.max_tokens], done=[], params=params,
-                                        stop=bool(k % 2) and params.max_tokens >= 3)
+        toks = self.answers.get(k, [100 + k, 200 + k] + ([151645] if k % 2 else []))[:params.max_tokens]
+        self.running[request_id] = dict(k=k, todo=toks, done=[], params=params, stop=toks[-1] == 151645)
+
+    def abort_request(self, request_ids, internal=False):
+        for rid in request_ids:
+            self.aborted.append(rid)
+            self.running.pop(rid)
 
     def has_unfinished_requests(self):
         return bool(self.running)
@@ -49,15 +54,19 @@ class FakeEngine:
         out = []
         for rid, r in list(self.running.items()):
             r["done"].append(r["todo"].pop(0))
-            if not r["todo"]:
+            finished, sp = not r["todo"], r["params"]
+            if finished:
                 del self.running[rid]
-                sp, toks = r["params"], r["done"]
-                lps = [{t: SimpleNamespace(logprob=-0.5 * (j + 1) - r["k"])} for j, t in enumerate(toks)] \
-                    if sp.logprobs is not None else None
-                out.append(SimpleNamespace(request_id=rid, finished=True, outputs=[SimpleNamespace(
-                    token_ids=toks, text="" if sp.detokenize is False else f"out{r['k']}",
-                    finish_reason="stop" if r["stop"] else "repetition" if sp.repetition_detection else "length",
-                    logprobs=lps)], finished_at=self.steps))
+            elif sp.output_kind != 1:  # not DELTA: nothing until it finishes
+                continue
+            toks = r["done"] if sp.output_kind != 1 else r["done"][-1:]
+            first = len(r["done"]) - len(toks)
+            lps = [{t: SimpleNamespace(logprob=-0.5 * (first + j + 1) - r["k"])} for j, t in enumerate(toks)] \
+                if sp.logprobs is not None else None
+            out.append(SimpleNamespace(request_id=rid, finished=finished, outputs=[SimpleNamespace(
+                token_ids=toks, text="" if sp.detokenize is False else f"out{r['k']}",
+                finish_reason=("stop" if r["stop"] else "length") if finished else None,
+                logprobs=lps)], finished_at=self.steps))
         return out
 
 
@@ -139,14 +148,38 @@ def test_sampling_params_seeds_and_outputs(fake_vllm, tokenizer):
     assert [g.finish_reason for g in gens] == ["length", "stop"]
     assert all(g.logprobs is None for g in gens)
 
-    assert all(sp.repetition_detection is None for sp in sps)  # off unless asked for
-
     eng.generate([[1]], max_new_tokens=4, temperature=0.0)  # greedy, unseeded
     assert added[-1][2].seed is None and added[-1][2].temperature == 0.0
-    # repeat_stop=(span, count) is vLLM's repetition detection; its stop comes back as finish_reason 'repetition'
-    gens = eng.generate([[1], [2]], max_new_tokens=9, temperature=0.0, repeat_stop=(64, 4))
-    assert all(vars(sp.repetition_detection) == dict(max_pattern_size=64, min_count=4) for _, _, sp in added[-2:])
-    assert [g.finish_reason for g in gens] == ["stop", "repetition"]
+
+
+def test_vllm_loop_stop_aborts_a_looping_answer_where_its_loop_completes(fake_vllm, tokenizer):
+    """loop_stop=window in vLLM: the request streams its tokens (output_kind DELTA), the backend checks them
+    itself, and on a loop aborts the request and returns the answer cut where the loop completed, finish_reason
+    'repetition', log-probs cut alike. Answers without a loop come back whole; requests without loop_stop stay
+    FINAL_ONLY."""
+    eng = VLLMBackend("some/model", tokenizer, max_model_len=1024, want_logprobs=True)
+    core = eng.llm.llm_engine
+    core.answers = {0: [5, 1, 2, 1, 2, 1, 2, 9, 9],  # window 4: [1 2 1 2] completes on the 5th token
+                    1: [5, 1, 2, 151645],  # no loop: stops by itself
+                    2: [7, 7, 7, 7, 7]}  # no loop_stop: runs to its end
+    eng.submit("loop", [1], max_new_tokens=9, temperature=0.0, loop_stop=4)
+    eng.submit("stops", [2], max_new_tokens=9, temperature=0.0, loop_stop=4)
+    eng.submit("plain", [3], max_new_tokens=9, temperature=0.0)
+    assert [sp.output_kind for _, _, sp in core.added] == [1, 1, 2]  # DELTA, DELTA, FINAL_ONLY
+    got = {}
+    while eng.in_flight():
+        got.update(eng.poll())
+    assert core.aborted == ["loop"] and core.steps == 5  # aborted at its 5th token, not run to its 9th
+    assert (got["loop"].token_ids, got["loop"].finish_reason) == ([5, 1, 2, 1, 2], "repetition")
+    assert got["loop"].logprobs == [-0.5, -1.0, -1.5, -2.0, -2.5]  # each delta's log-probs, in order
+    assert got["loop"].text == tokenizer.decode([5, 1, 2, 1, 2])
+    assert (got["stops"].token_ids, got["stops"].finish_reason) == ([5, 1, 2, 151645], "stop")
+    assert (got["plain"].token_ids, got["plain"].finish_reason) == ([7, 7, 7, 7, 7], "length")
+    assert eng.growing == {}  # nothing left behind
+    # a loop that completes on the cap's token: the cap comes first ('length', as vLLM and HF order them)
+    core.answers[3] = [1, 2, 1, 2]
+    (g,) = eng.generate([[4]], max_new_tokens=4, temperature=0.0, loop_stop=4)
+    assert (g.token_ids, g.finish_reason) == ([1, 2, 1, 2], "length") and core.aborted == ["loop"]
 
 
 def test_requests_come_back_as_each_finishes(fake_vllm, tokenizer):
@@ -223,48 +256,63 @@ def test_hf_logprobs_match_a_forward_and_a_call_can_decline(tokenizer):
     assert all(g.logprobs is None for g in again)
 
 
-def test_repetition_end_by_hand():
-    """repeat_stop=(span, count): the response ends at its first token that completes a block of <= span tokens
-    written count times in a row (vLLM's check_sequence_repetition, run after every token)."""
-    assert repetition_end([5, 1, 2, 1, 2, 1, 2], 2, 3) == 7  # (1 2) x 3 completes on the 7th token
-    assert repetition_end([5, 1, 2, 1, 2, 1, 2], 1, 3) is None  # no single token three times in a row
-    assert repetition_end([5, 1, 2, 1, 2, 1, 2], 2, 4) is None  # (1 2) only three times
-    assert repetition_end([3, 3, 3, 3], 1, 3) == 3
-    assert repetition_end([1, 2, 3, 1, 2, 3, 9], 3, 2) == 6
-    assert repetition_end([9, 1, 2, 3, 1, 2, 3], 2, 2) is None  # the block is 3 tokens, longer than span 2
-    assert repetition_end([], 4, 2) is None and not repeats_at_end([7], 4, 2)
-    # against the definition written another way: some p <= span with the last p * count tokens = count copies
+def test_loop_end_by_hand():
+    """loop_stop=window: the response ends at its first token where its last `window` tokens are one block of at
+    most window // 2 tokens written over and over."""
+    assert loop_end([5, 1, 2, 1, 2, 1, 2], 4) == 5  # [1 2 1 2]
+    assert loop_end([5, 1, 2, 1, 2, 1, 2], 6) == 7  # [1 2 1 2 1 2]
+    assert loop_end([5, 1, 2, 1, 2, 1, 2], 7) is None  # the 5 breaks any 7-token window
+    assert loop_end([1, 2, 3, 1, 2, 3, 1], 7) == 7  # period 3, the window need not hold whole blocks
+    assert loop_end([1, 2, 3, 1, 2, 9], 6) is None
+    assert loop_end([3, 3], 2) == 2 and loop_end([3, 4, 3], 2) is None
+    assert loop_end([1, 2, 3, 4, 1, 2, 3], 7) is None  # period 4 > 7 // 2: a block written less than twice
+    assert loop_end([], 4) is None
+    stop = LoopStop(4)  # fed in pieces, as vLLM's deltas arrive; the end stays once found
+    assert stop.push([5, 1]) is None and stop.push([2, 1]) is None and stop.push([2, 1, 2]) == 5 and stop.push([0]) == 5
+    with pytest.raises(ValueError, match="at least 2"):
+        LoopStop(1)
+    # against the definition written another way: the shortest prefix whose last `window` tokens equal the same
+    # tokens shifted by some p <= window // 2; long enough that LoopStop's buffer grows
     import random
     rng = random.Random(0)
     for _ in range(300):
-        ids, span, count = [rng.randrange(3) for _ in range(rng.randrange(1, 14))], rng.randrange(1, 4), rng.randrange(2, 4)
-        want = next((n for n in range(1, len(ids) + 1) for p in range(1, span + 1)
-                     if p * count <= n and ids[n - p * count:n] == ids[n - p:n] * count), None)
-        assert repetition_end(ids, span, count) == want, (ids, span, count)
+        ids, window = [rng.randrange(2) for _ in range(rng.randrange(1, 90))], rng.randrange(2, 12)
+        want = next((n for n in range(window, len(ids) + 1) for p in range(1, window // 2 + 1)
+                     if ids[n - window + p:n] == ids[n - window:n - p]), None)
+        assert loop_end(ids, window) == want, (ids, window)
 
 
-def test_hf_repeat_stop_ends_each_answer_where_it_first_repeats(tokenizer):
-    """HFBackend with repeat_stop: each greedy answer is the unstopped answer cut at its first repetition, with
-    finish_reason 'repetition'; answers that do not repeat within the cap are unchanged ('length')."""
+def test_cut_at_loop_orders_stop_cap_loop():
+    """vLLM's order on each new token: a stop token, then the cap, then the loop."""
+    assert cut_at_loop(9, "length", 5, 9) == (5, "repetition")  # looped before the cap
+    assert cut_at_loop(5, "stop", 5, 9) == (5, "stop")  # the stop token completed the loop: a stop
+    assert cut_at_loop(9, "length", 9, 9) == (9, "length")  # the cap's token completed it: the cap
+    assert cut_at_loop(5, "length", 5, 9) == (5, "repetition")  # HF: its criterion ended the row there
+    assert cut_at_loop(7, "stop", None, 9) == (7, "stop")
+
+
+def test_hf_loop_stop_ends_each_answer_where_it_first_loops(tokenizer):
+    """HFBackend with loop_stop: each greedy answer is the unstopped answer cut where its loop completes, with
+    finish_reason 'repetition'; answers without a loop within the cap are unchanged ('length')."""
     hf = HFBackend(load_model("tiny", seed=0), tokenizer, batch_size=4)
     prompts = [[9707, 11, 1879], [40, 1079], [785, 3974, 13876, 38835], [14990]]
     full = hf.generate(prompts, max_new_tokens=24, temperature=0.0)
-    for span, count in [(4, 3), (2, 12), (1, 30)]:  # (1, 30): no answer of 24 tokens can repeat 30 times
-        cut = hf.generate(prompts, max_new_tokens=24, temperature=0.0, repeat_stop=(span, count))
+    for window in (4, 12, 30):  # 30: no answer of 24 tokens has a 30-token window
+        cut = hf.generate(prompts, max_new_tokens=24, temperature=0.0, loop_stop=window)
         for f, c in zip(full, cut):
-            r = repetition_end(f.token_ids, span, count)
+            r = loop_end(f.token_ids, window)
             if r is not None and r < 24:
                 assert (c.token_ids, c.finish_reason) == (f.token_ids[:r], "repetition")
             else:
                 assert (c.token_ids, c.finish_reason) == (f.token_ids, f.finish_reason)
     # the tiny random model loops at once (one token over and over): each case above was exercised
-    assert [repetition_end(f.token_ids, 4, 3) for f in full] == [3, 4, 3, 3]
-    assert all(repetition_end(f.token_ids, 2, 12) is not None for f in full)
+    assert [loop_end(f.token_ids, 4) for f in full] == [4, 5, 4, 4]
+    assert all(loop_end(f.token_ids, 12) is not None for f in full)
 
 
 def test_the_offline_replay_cuts_the_loop_and_spares_the_list(tmp_path, tokenizer):
-    """benchmarks/analysis_repeats.py on two answers: a skill that lists one action five times (it ended by itself)
-    and one that loops on a phrase. COUNT 3 cuts both (the list is lost); COUNT 16 only the loop."""
+    """benchmarks/analysis_loops.py on two answers: a skill that lists one action five times (it ended by itself)
+    and one that loops on a phrase. A window of 16 tokens cuts both (the list is lost); 64 only the loop."""
     import json
     from conftest import run_script
     listed = '{"episode_summary": "s", "episode_skill": "' + ", ".join(["then go to desk 1"] * 5) + '."}'
@@ -272,12 +320,12 @@ def test_the_offline_replay_cuts_the_loop_and_spares_the_list(tmp_path, tokenize
     f = tmp_path / "analyses.jsonl"
     f.write_text("".join(json.dumps(dict(update=1, uid=u, finish=fin, text=t)) + "\n"
                          for u, fin, t in [("a", "stop", listed), ("b", "length", loop)]))
-    res = run_script(["benchmarks/analysis_repeats.py", str(f), "--settings", "8,3", "8,16", "--json",
+    res = run_script(["benchmarks/analysis_loops.py", str(f), "--windows", "16", "64", "--json",
                       str(tmp_path / "cuts.json")])
     cuts = json.loads((tmp_path / "cuts.json").read_text())
-    assert [c["uid"] for c in cuts["8,3"]] == ["a", "b"] and [c["uid"] for c in cuts["8,16"]] == ["b"]
+    assert [c["uid"] for c in cuts["16"]] == ["a", "b"] and [c["uid"] for c in cuts["64"]] == ["b"]
     ids = tokenizer(loop, add_special_tokens=False)["input_ids"]
-    assert cuts["8,16"][0]["cut"] == repetition_end(ids, 8, 16) < len(ids)
+    assert cuts["64"][0]["cut"] == loop_end(ids, 64) < len(ids)
     assert "cuts 2 of 2 answers, 1 of them ended by themselves" in res.stdout
 
 

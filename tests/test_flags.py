@@ -161,8 +161,7 @@ SEED_RL_REFUSED = {
     "analysis_max_new_tokens": [("webshop", [*GRPO, "--analysis-max-new-tokens", "16"],
                                  "--analysis-max-new-tokens: " + GRPO_WHY)],
     "analysis_max_len": [("alfworld", [*GRPO, "--analysis-max-len", "4096"], "--analysis-max-len: " + GRPO_WHY)],
-    "analysis_repeat_stop": [("alfworld", [*GRPO, "--analysis-repeat-stop", "64", "4"],
-                              "--analysis-repeat-stop: " + GRPO_WHY)],
+    "analysis_loop_stop": [("alfworld", [*GRPO, "--analysis-loop-stop", "512"], "--analysis-loop-stop: " + GRPO_WHY)],
     "min_skill_words": [("alfworld", [*GRPO, "--min-skill-words", "5"], "--min-skill-words: " + GRPO_WHY)],
     "opd_beta": [("alfworld", [*GRPO, "--opd-beta", "2"], "--opd-beta: " + GRPO_WHY)],
     "serial_scoring": [("alfworld", [*GRPO, "--serial-scoring"], "--serial-scoring: " + GRPO_WHY)],
@@ -293,7 +292,7 @@ def test_refused_in_one_line_naming_the_env_or_setting(script, dest, env, argv, 
     ("seed_rl.py", "alfworld", []), ("seed_rl.py", "alfworld", GRPO), ("seed_rl.py", "alfworld", ["--kl-coef", "0"]),
     ("seed_rl.py", "alfworld", ["--analyzer-model", "scripted", "--min-skill-words", "5", "--ref-model", "tiny"]),
     ("seed_rl.py", "alfworld", ["--group-size", "1", "--allow-group-of-one"]),
-    ("seed_rl.py", "alfworld", ["--micro-tokens", "4096"]), ("seed_rl.py", "alfworld", ["--analysis-repeat-stop", "64", "4"]),
+    ("seed_rl.py", "alfworld", ["--micro-tokens", "4096"]), ("seed_rl.py", "alfworld", ["--analysis-loop-stop", "2"]),
     ("seed_rl.py", "alfworld", ["--checkpoint-policy", "selective", "--checkpoint-every", "2"]), ("seed_rl.py", "alfworld", ["--probe-action", "look"]),
     ("seed_rl.py", "webshop", [*GRPO, "--probe-action", "click[buy now]"]),
     ("seed_rl.py", "search", ["--probe-action", "Answer[yes]", "--no-retriever-check"]),
@@ -306,12 +305,12 @@ def test_the_same_flags_pass_where_they_apply(script, env, argv, monkeypatch):
     assert stop_line(script, env, argv, monkeypatch) is None
 
 
-@pytest.mark.parametrize("value", [["64", "1"], ["0", "4"]])
-def test_a_repeat_stop_that_could_never_or_always_fire_is_one_line(value, monkeypatch):
-    """--analysis-repeat-stop SPAN COUNT: a block seen once (COUNT 1) would end every answer after its first token;
-    SPAN 0 would end none."""
-    line = stop_line("seed_rl.py", "alfworld", ["--analysis-repeat-stop", *value], monkeypatch)
-    assert line == f"--analysis-repeat-stop {' '.join(value)}: expected SPAN >= 1 tokens and COUNT >= 2 repeats (e.g. 128 16)"
+@pytest.mark.parametrize("value", ["1", "-4"])
+def test_a_loop_stop_that_could_never_fire_is_one_line(value, monkeypatch):
+    """--analysis-loop-stop WINDOW: a window of 1 token holds no block written twice, a negative one nothing."""
+    line = stop_line("seed_rl.py", "alfworld", ["--analysis-loop-stop", value], monkeypatch)
+    assert line == (f"--analysis-loop-stop {value}: expected 0 (off) or a WINDOW of at least 2 tokens (a loop is a "
+                    "block written twice or more; e.g. 512)")
 
 
 def test_seed_rl_env_flags_change_the_train_tasks(tmp_path):
@@ -365,19 +364,19 @@ def test_drivers_give_the_grpo_arm_no_analysis_flags():
     from common.records import drop_flags
     assert drop_flags(["--analyzer-model", "scripted", "--lr", "1", "--opd-beta=2", "--lockstep", "--x"],
                       {"--analyzer-model", "--opd-beta", "--lockstep"}) == ["--lr", "1", "--x"]
-    assert drop_flags(["--analysis-repeat-stop", "64", "16", "--invalid-penalty", "-0.1"],  # two values; a negative one
-                      {"--analysis-repeat-stop"}) == ["--invalid-penalty", "-0.1"]
+    assert drop_flags(["--report", "a/", "b/", "--invalid-penalty", "-0.1"],  # two values; a negative one
+                      {"--report"}) == ["--invalid-penalty", "-0.1"]
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     import learning
     p = learning.build_parser()
     args = learning.finish_args(p, p.parse_args(["--model", "tiny", "--launcher", "python", "--seed-rl-args",
                                                  "--analyzer-model scripted --min-skill-words 5 --kl-coef 0 "
-                                                 "--analysis-repeat-stop 64 16"]))
+                                                 "--analysis-loop-stop 512"]))
     cfg = dict(env="alfworld", updates=1, tasks_per_update=2, group_size=2, max_steps=2, lr=1e-5, max_new_tokens=8,
                env_args=[])
     seed, grpo = (learning.train_command(args, cfg, "tiny", m, 0, "out", 1) for m in ("seed", "grpo"))
-    assert seed[-9:] == ["--analyzer-model", "scripted", "--min-skill-words", "5", "--kl-coef", "0",
-                         "--analysis-repeat-stop", "64", "16"]
+    assert seed[-8:] == ["--analyzer-model", "scripted", "--min-skill-words", "5", "--kl-coef", "0",
+                         "--analysis-loop-stop", "512"]
     assert grpo[-4:] == ["--opd-coef", "0", "--kl-coef", "0"] and "--analyzer-model" not in grpo
     sys.argv, argv = ["seed_rl.py", *grpo[grpo.index("--env"):]], sys.argv
     try:

@@ -122,25 +122,25 @@ def test_self_analysis_stopped_at_the_cap_is_counted(tmp_path):
 
 
 @pytest.mark.slow  # ~13 s on 2 cores: one SEED update
-def test_a_looping_self_analysis_ends_at_its_repetition_and_is_dumped(tmp_path):
-    """--analysis-repeat-stop 4 3: the tiny random policy's greedy answers repeat one token over and over, so each
+def test_a_looping_self_analysis_ends_at_its_loop_and_is_dumped(tmp_path):
+    """--analysis-loop-stop 4: the tiny random policy's greedy answers repeat one token over and over, so each
     ends within a few tokens instead of at --analysis-max-new-tokens; analyses.jsonl holds the answers."""
-    from common.backends import repetition_end
+    from common.backends import loop_end
     from common.models import load_tokenizer
     out = tmp_path / "looped"
     run_script(["seed_rl.py", *[f for f in FLAGS if f not in ("--analyzer-model", "scripted")], "--updates", "1",
-                "--analysis-max-new-tokens", "64", "--analysis-repeat-stop", "4", "3", "--out", str(out)], timeout=900)
+                "--analysis-max-new-tokens", "64", "--analysis-loop-stop", "4", "--out", str(out)], timeout=900)
     (r,) = metrics(out)
-    assert r["skill/analysis_repeat_stopped"] == 1.0 and r["skill/analysis_capped"] == 0.0
+    assert r["skill/analysis_loop_stopped"] == 1.0 and r["skill/analysis_capped"] == 0.0
     assert r["skill/analysis_tokens_max"] < 64
     with open(out / "analyses.jsonl") as f:
         rows = [json.loads(line) for line in f]
     assert len(rows) == 4 and all(x["update"] == 1 and x["finish"] == "repetition" for x in rows)
     tok = load_tokenizer("tiny")
-    for x in rows:  # the dumped text is the answer that ended at its first repetition (nothing parsed from it)
+    for x in rows:  # the dumped text is the answer that ended where its loop completed (nothing parsed from it)
         ids = tok(x["text"], add_special_tokens=False)["input_ids"]
-        assert x["tokens"] <= 4 * 3 and x["skill"] is None and x["skill_fail"] in ("empty", "no_json")
-        assert ids == [] or repetition_end(ids, 4, 3) in (None, len(ids))
+        assert x["tokens"] <= 12 and x["skill"] is None and x["skill_fail"] in ("empty", "no_json")
+        assert ids == [] or loop_end(ids, 4) in (None, len(ids))
 
 
 def test_two_processes_match_one_process(runs):
