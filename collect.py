@@ -24,8 +24,6 @@ import time
 
 
 from envs import env_from_argv, env_parser, require_positive, require_split
-from common.backends import make_policy
-from common.models import load_tokenizer
 from common.records import check_resume, read_jsonl, resumed_manifest, run_manifest, write_manifest
 from common.rollout import add_play_args, add_rollout_args, format_summary, play_into_jsonl, summarize_episodes
 
@@ -70,6 +68,10 @@ plan = [dict(g, uid=f"{g['task_id']}#r{r}", group=gi, rollout=r, seed=args.seed)
         for gi, g in enumerate(games) for r in range(args.rollouts)][shard_i::shard_n]
 if not plan:
     sys.exit(f"--shard {args.shard}: the plan has {len(games) * args.rollouts} episodes, none of them in this shard")
+
+# torch and transformers only now (seconds of imports): --help and the refusals above answer without them
+from common.backends import make_policy  # noqa: E402
+from common.models import load_tokenizer  # noqa: E402
 
 manifest_path = args.out + ".manifest.json"
 tokenizer = load_tokenizer(args.model)

@@ -49,9 +49,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from envs import HelpFormatter, add_env_arg, env_from_argv, load_env, refuse_unused, require_positive
@@ -272,6 +269,11 @@ def lr_at(step):
 
 # ---------------------------------------------------------------------------------------------------
 # Model: fp32 master weights, FSDP2 per decoder layer then the root (bf16 compute on GPU), AdamW
+# (distributed checkpoints and DTensor imported only here: ~2 s of imports that --help or a refused run skips)
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+
 # padding-free micro-batches need an attention that reads the sequence boundaries (as in seed_rl.py)
 packed_attn = packed_attention(device, args.packing)  # None: padded
 packed = packed_attn is not None

@@ -53,10 +53,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common.models import model_config  # noqa: E402
-from common.packing import make_batch, packed_attention  # noqa: E402
+from common.packing import make_batch, packed_attention, register_attention  # noqa: E402
 from common.training import (_token_logprobs, adamw_impl, check_fused, checkpoint_kwargs, init_distributed,  # noqa: E402
                              shard_model)
 from seed_rl import micro_batch_logprobs, plan_micro_batches, seed_loss  # noqa: E402
+
+register_attention()  # packed:seed_varlen paths set it on models built here, not through load_model
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
 # Lengths

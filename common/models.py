@@ -70,8 +70,8 @@ def from_pretrained(cls, model, **kw):
 
 def load_tokenizer(model):
     """`tiny` and `expert` use the real Qwen2.5 tokenizer; a model path/hub id uses its own."""
-    from transformers import AutoTokenizer
     path = default_tokenizer_path() if model in ("tiny", "expert") else check_model(model, "tokenizer_config.json")
+    from transformers import AutoTokenizer  # after check_model: a refused name answers without its imports
     tok = from_pretrained(AutoTokenizer, path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -108,6 +108,9 @@ def load_model(model, *, dtype=torch.float32, device="cpu", seed=0, attn=None):
     implementation (default: `attn_implementation`; the tiny model: sdpa); trainers pass the packed one
     (common/packing.py `packed_attention`)."""
     from transformers import AutoModelForCausalLM
+    if attn == "seed_varlen":  # the project's own attention: registered with transformers on first use
+        from common.packing import register_attention
+        register_attention()
     device = torch.device(device)
     if model == "tiny":
         with torch.random.fork_rng(devices=[]):

@@ -1,13 +1,13 @@
 """Micro-batch layouts for the trainers (padded for SDPA, or packed padding-free: one row, a causal block per
-sequence), the response positions inside them, and the attention implementation that packed rows need."""
+sequence), the response positions inside them, and the attention implementation that packed rows need.
+
+transformers is imported only where 'seed_varlen' is registered or falls back to SDPA (`register_attention`):
+its modeling code is ~4 s of imports that a refused run or --help of the trainers should not wait for."""
 import functools
 import inspect
 import types
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from common.models import attn_implementation
 
@@ -111,6 +111,7 @@ def _varlen_attention(module, query, key, value, attention_mask, scaling=None, d
     position_ids, at one device sync per layer). Anything else (padded rows) is transformers' SDPA."""
     pos = kwargs.get("position_ids")
     if attention_mask is not None or query.shape[0] != 1 or (cu_seq_lens_q is None and pos is None):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
     if cu_seq_lens_q is None:
@@ -134,11 +135,20 @@ def _varlen_attention(module, query, key, value, attention_mask, scaling=None, d
 
 def _varlen_mask(*args, attention_mask=None, **kwargs):
     """'seed_varlen''s mask: none for a packed row (its boundaries travel as cu_seq_lens), SDPA's otherwise."""
-    return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+    if attention_mask is None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
-AttentionInterface.register("seed_varlen", _varlen_attention)
-AttentionMaskInterface.register("seed_varlen", _varlen_mask)
+@functools.cache
+def register_attention():
+    """'seed_varlen' in transformers' attention and mask registries, once per process: before a model is built
+    with it (common/models.py load_model does this for attn='seed_varlen')."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    AttentionInterface.register("seed_varlen", _varlen_attention)
+    AttentionMaskInterface.register("seed_varlen", _varlen_mask)
 
 
 @functools.cache
@@ -181,6 +191,7 @@ def packed_attention(device, packing="auto"):
     """
     if packing == "off" or (packing == "auto" and device.type != "cuda"):
         return None
+    register_attention()  # 'seed_varlen' may be the answer, and the model that runs it is built next
     if packing not in ("auto", "on"):
         return packing
     if device.type != "cuda":

@@ -12,8 +12,6 @@ import types
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
-from torch.distributed.tensor import DTensor
 
 from common.models import clean_param_name
 from common.packing import packed_kwargs
@@ -82,6 +80,8 @@ def shard_model(model, device, *, train=True, activation_checkpointing=False, ch
     activation_checkpointing: recompute decoder layers in backward, by `checkpoint_policy` (checkpoint_kwargs),
     every `checkpoint_every`-th layer only (2 = half of them: memory the step does not need buys back speed).
     fused: the decoder layers' kernels (`fuse_layers`): off, liger or compile."""
+    # imported here, not at the top: FSDP2 and DTensor are ~1 s of imports that a refused run does not need
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
     check_fused(fused, device)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
         else MixedPrecisionPolicy()
@@ -254,6 +254,7 @@ def full_params(model, dtype=None):
     """Yield (HF name, full tensor) per parameter, in the same order on every rank (each is an all-gather
     collective). Never holds more than one full parameter at a time. dtype: cast the shard before the
     gather (bf16 halves the traffic of a weight sync)."""
+    from torch.distributed.tensor import DTensor
     for name, p in model.named_parameters():
         p = p.detach() if dtype is None else p.detach().to(dtype)
         yield clean_param_name(name), p.full_tensor() if isinstance(p, DTensor) else p

@@ -1,5 +1,6 @@
 """Shared fixtures: real ALFWorld games, the real Qwen2.5 tokenizer, small real trajectory files."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -48,16 +49,35 @@ def tokenizer():
     return load_tokenizer("tiny")
 
 
+def run_folder(tmp_path_factory):
+    """A folder of this pytest run that every xdist worker shares (the parent of the workers' own basetemps);
+    without xdist, the session's basetemp."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def _collected(tmp_path_factory):
     """The two collect.py runs behind expert_trajectories and tiny_trajectories, side by side (the suite uses both:
-    ~53 s at once against ~67 s one after the other on 2 cores). Returns (expert path, tiny path)."""
-    expert = tmp_path_factory.mktemp("expert") / "traj.jsonl"
-    tiny = tmp_path_factory.mktemp("tiny") / "traj.jsonl"
-    side_by_side((run_script, ["collect.py", "--model", "expert", "--tasks", "6", "--rollouts", "2",
-                               "--workers", "2", "--out", str(expert)]),
-                 (run_script, ["collect.py", "--model", "tiny", "--tasks", "6", "--rollouts", "1", "--max-steps", "3",
-                               "--max-new-tokens", "16", "--workers", "2", "--out", str(tiny)]))
+    ~53 s at once against ~67 s one after the other on 2 cores), once per pytest run: the first xdist worker to
+    need them writes them under a lock, the other reads the same files (the tests only read them). Returns
+    (expert path, tiny path)."""
+    import fcntl
+    root = run_folder(tmp_path_factory) / "collected"
+    expert, tiny = root / "expert" / "traj.jsonl", root / "tiny" / "traj.jsonl"
+    root.mkdir(exist_ok=True)
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when a run below fails
+        if not (root / "done").exists():
+            for path in (expert, tiny):
+                shutil.rmtree(path.parent, ignore_errors=True)  # a failed attempt's partial files: start afresh
+                path.parent.mkdir()
+            side_by_side((run_script, ["collect.py", "--model", "expert", "--tasks", "6", "--rollouts", "2",
+                                       "--workers", "2", "--out", str(expert)]),
+                         (run_script, ["collect.py", "--model", "tiny", "--tasks", "6", "--rollouts", "1",
+                                       "--max-steps", "3", "--max-new-tokens", "16", "--workers", "2",
+                                       "--out", str(tiny)]))
+            (root / "done").touch()
     return expert, tiny
 
 
