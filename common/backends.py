@@ -321,11 +321,13 @@ class VLLMBackend:
             g["ids"] += c.token_ids
             g["lps"] = None if lps is None else g["lps"] + lps
             end = g["loop"].push(c.token_ids)
-            if not o.finished and end is None:
-                continue
-            if not o.finished:
+            if o.finished:
+                n, reason = cut_at_loop(len(g["ids"]), reason, end, g["cap"])
+            elif end is not None:  # looped before its end: stop it here
                 engine.abort_request([o.request_id])  # frees its KV cache now; the engine sends nothing more
-            n, reason = cut_at_loop(len(g["ids"]), reason if o.finished else "length", end, g["cap"])
+                n, reason = end, "repetition"
+            else:
+                continue
             done.append((o.request_id, g["ids"][:n], None if g["lps"] is None else g["lps"][:n], reason))
             del self.growing[o.request_id]
         for rid, *_ in done:
