@@ -521,9 +521,11 @@ def main():
                                      analysis_prompt=lambda ep: analysis_prompt(tokenizer, ep, args, env),
                                      analysis_max_new_tokens=args.analysis_max_new_tokens,
                                      analysis_loop_stop=args.analysis_loop_stop, on_played=start_plain)
-        # the rollout's phases (sum: time/rollout; loop: its own CPU work); busy_*: time each had work in flight
+        # the rollout's phases (sum: time/rollout; loop: its own CPU work); busy_*: time each had work in flight;
+        # loop_idle: of the loop's work, what left the engine idle (the rest ran beside vLLM's queued forward)
         tm.update(rollout=rt["wall"], generate=rt["generate"], env=rt["reset"] + rt["env"], loop=rt["parse"],
-                  analysis=rt["analysis"], **{k: v for k, v in rt.items() if k.startswith("busy_")})
+                  analysis=rt["analysis"], loop_idle=rt["loop_idle"],
+                  **{k: v for k, v in rt.items() if k.startswith("busy_")})
         t_rollout_end = time.perf_counter()
         with tm.phase("scoring"):  # the side thread's scores: they must be in before the engine sleeps
             plain = plain_job[0].result() if plain_job else None
@@ -918,7 +920,9 @@ def update_metrics(env, args, update, u, device, world):
                "train/optimizer_steps": len(u["grad_norms"]), "train/skipped_steps": u["skipped"],
                "check/engine_lp_absdiff_mean": mean(eng_diff), "check/engine_lp_absdiff_max": max(eng_diff, default=None),
                **{f"time/{k}": v for k, v in u["time"].items()},
-               "rollout/loop_share": u["time"]["loop"] / u["time"]["rollout"] if u["time"].get("rollout") else None,
+               # the loop's CPU work as a share of the rollout, and the part of it on the critical path (Clock)
+               **{f"rollout/{k}_share": u["time"][k] / u["time"]["rollout"] if u["time"].get("rollout") else None
+                  for k in ("loop", "loop_idle")},
                **{k: max(g["mem"][k] for g in gathered) for k in gathered[0]["mem"]}}  # the fullest rank
     metrics["loss/total"] = metrics["loss/pg"] + args.kl_coef * metrics["loss/kl"] + \
         args.opd_coef * (metrics["loss/opd"] or 0.0)

@@ -88,7 +88,8 @@ UPDATE_KEYS = {
     "gap_mean": "opd/teacher_gap_mean", "kl": "loss/kl", "pg": "loss/pg", "opd_loss": "loss/opd",
     "grad_norm": "grad_norm", "tokens": "tokens/response", "env_failures": "rollout/env_failures",
     "time": "time/update", "time_generate": "time/generate", "time_env": "time/env", "time_analysis": "time/analysis",
-    "time_loop": "time/loop", "loop_share": "rollout/loop_share", "time_scoring": "time/scoring",
+    "time_loop": "time/loop", "loop_share": "rollout/loop_share",
+    "loop_idle_share": "rollout/loop_idle_share", "time_scoring": "time/scoring",
     "time_train": "time/train", "time_sync": "time/sync",
     "mem_engine_awake_gib": "mem/device_used_gib_engine_awake", "mem_trainer_peak_gib": "mem/trainer_peak_gib",
     # why a curve is flat (seed_rl.py update_metrics): groups without task signal, the policy's exploration

@@ -1,7 +1,9 @@
 """The rollout loop's own CPU work (issue 31, item 4), apart from the GPU: `play_episodes` on real ALFWorld games
 with the real Qwen2.5 tokenizer and a zero-latency stand-in engine, so what the loop costs per step shows
-without an engine to hide it. On a GPU the engine idles while the loop works (it steps synchronously), so this
-is time the GPU waits: on one H200, 9.1 s of a 68.9 s rollout (16 x 8 episodes, 30 steps, Qwen2.5-0.5B).
+without an engine to hide it (on one H200, 9.1 s of a 68.9 s rollout: 16 x 8 episodes, 30 steps, Qwen2.5-0.5B).
+On a GPU much of it runs beside the engine: vLLM queues its next forward before a step returns, and the loop
+works while that forward runs. The part that leaves the engine idle is seed_rl.py's `rollout/loop_idle_share`
+(common/rollout.py Clock; benchmarks/loop_idle.py checks that measure on a real engine).
 
     # 2 CPU cores, ~3 minutes: 16 episodes, 30 steps, 2 env workers
     python benchmarks/loop_cpu.py --episodes 16 --json /tmp/loop_cpu.json

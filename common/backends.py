@@ -26,6 +26,10 @@ the engines ignore it).
   ExpertPolicy answers with the env's scripted expert (ALFWorld: each game's stored walkthrough) in the
                agent's own format, so the whole chain (prompt -> parse -> env -> records) runs with wins on CPU.
   ScriptedAnalyzer  a rule-based stand-in for the self-analysis (CPU demos and tests).
+
+backend.mark() -> a point on the engine's own timeline (rollout.py `WallMark`, `CudaMark`): the rollout loop
+takes one at the end of a poll and one at the start of the next, and the time between them that the engine had
+nothing to run is how long the loop's own work held it up (rollout.py `Clock`, loop_idle).
 """
 import json
 import os
@@ -37,6 +41,7 @@ import numpy as np
 import torch
 
 from common.models import stop_token_ids
+from common.rollout import CudaMark, WallMark
 
 
 
@@ -139,6 +144,9 @@ class BatchBackend:
 
     def in_flight(self):
         return len(getattr(self, "_held", []))
+
+    def mark(self):
+        return WallMark()  # `generate` has finished its work (GPU included) by the time it returns
 
 
 class SeededSampler:
@@ -339,6 +347,9 @@ class VLLMBackend:
 
     def in_flight(self):
         return len(self.pending)
+
+    def mark(self):
+        return CudaMark() if torch.cuda.is_available() else WallMark()  # WallMark: the tests' CPU stand-in
 
     def generate(self, prompts, *, max_new_tokens, temperature, contexts=None, seeds=None, want_logprobs=None,
                  loop_stop=None):

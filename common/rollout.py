@@ -120,8 +120,8 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
     invalid_penalty = env.PRESET["invalid_penalty"] if invalid_penalty is None else invalid_penalty
     # Qwen3 with thinking off writes no <think> block of its own (the empty one is in the prompt): no think rule
     require_think = requires_think_tags(tokenizer)
-    # chat_prompt's text and ids with the template rendered once and each prompt line tokenized once: the
-    # engine idles while the loop builds a prompt (issue 31; benchmarks/loop_cpu.py)
+    # chat_prompt's text and ids with the template rendered once and each prompt line tokenized once: a prompt
+    # built while the engine has nothing queued leaves it idle (issue 31; benchmarks/loop_cpu.py, Clock)
     chat = ChatPrompts(tokenizer)
     n = len(specs)
     episodes = [None] * n
@@ -133,7 +133,8 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
     kinds = collections.Counter()  # requests in flight per kind, kept as they come and go (not summed per call)
     backends = [policy] + ([analyzer] if analyzer is not None and analyzer is not policy else [])
     finished, played = 0, 0
-    clock = Clock()
+    # the policy engine's timeline (backends.py: WallMark, CudaMark): how long the loop's own work left it idle
+    clock = Clock(getattr(policy, "mark", None))
     pool.clear()
 
     def end(i):
@@ -228,8 +229,10 @@ def play_episodes(env, specs, pool, policy, tokenizer, *, max_steps=30, history=
             if not backend.in_flight():
                 continue
             clock.lap("parse")
+            clock.engine_poll(backend is policy)
             outs = backend.poll()
             clock.lap("generate" if generating() else "analysis")
+            clock.engine_polled(backend is policy)
             for rid, g in outs:
                 i, kind = requests.pop(rid)
                 kinds[kind] -= 1
@@ -282,6 +285,37 @@ def record_step(env, ep, rec, st, invalid_penalty, max_steps):
     return ep["done"]
 
 
+class WallMark:
+    """A point in time, for engines whose work is done when `poll` returns (HF `generate`, the scripted ones):
+    the engine is idle from the end of one poll to the start of the next."""
+    __slots__ = ("t",)
+
+    def __init__(self):
+        self.t = time.perf_counter()
+
+    def seconds_to(self, later):
+        """How long the engine had nothing to run between this mark and a later one."""
+        return later.t - self.t
+
+
+class CudaMark:
+    """A point in the engine's CUDA stream (the stream current on the calling thread: vLLM's, on the loop's
+    thread): the GPU reaches it once it has run the work queued before it. vLLM schedules asynchronously: when
+    `step` returns, the next forward is already queued behind it. So between a mark at the end of one poll and
+    one at the start of the next, the GPU idles only for the part of the loop's work that outlasted that
+    forward: the second mark is reached at once if it was recorded while the GPU was still busy."""
+    __slots__ = ("event",)
+
+    def __init__(self):
+        import torch
+        self.event = torch.cuda.Event(enable_timing=True)
+        self.event.record()
+
+    def seconds_to(self, later):
+        later.event.synchronize()
+        return self.event.elapsed_time(later.event) / 1e3  # ms -> s
+
+
 class Clock:
     """Where a rollout's wall time went, two ways (the engine and the env workers now overlap).
 
@@ -294,20 +328,51 @@ class Clock:
       busy_generate, busy_analysis   rollout / analysis requests on the engine
       busy_gpu                       either (the engine's busy time; its share of `wall` is the GPU busy share)
       busy_env                       env commands (resets or steps) in the workers
+    loop_idle (seconds): of `parse`, the part that left the policy engine with nothing to run: the loop's work
+      on the rollout's critical path. vLLM queues its next forward before `step` returns, so the loop's work
+      between two polls runs beside that forward (CudaMark); for engines that are done when `poll` returns (HF,
+      scripted: WallMark) loop_idle is `parse`. Per gap between two polls of the policy engine, the marks give
+      how long the engine idled at its end; of that stretch, what the loop spent on its own work counts (not
+      its waits on the env workers or another engine).
     """
     PHASES = ("reset", "generate", "analysis", "env", "parse")
 
-    def __init__(self):
+    def __init__(self, mark=None):
         self.t0 = self.last = time.perf_counter()
         self.phases = dict.fromkeys(self.PHASES, 0.0)
         self.busy = dict.fromkeys(("generate", "analysis", "gpu", "env"), 0.0)
         self.since, self.last_load = {}, None
+        self.mark = mark or WallMark
+        self.gaps = []  # closed gaps: (mark after a poll, mark before the next, that mark's time, the loop's waits)
+        self.gap = (self.mark(), [])  # the open gap: the engine has had nothing to run since the rollout began
 
     def lap(self, phase):
         """The time since the last lap went to `phase`."""
         now = time.perf_counter()
         self.phases[phase] += now - self.last
+        if phase != "parse" and self.gap is not None:
+            self.gap[1].append((self.last, now))  # a wait on something else than the loop's own work
         self.last = now
+
+    def engine_poll(self, policy=True):
+        """Right before a poll of the policy engine (after its lap): the gap since its last poll ends."""
+        if policy:
+            (m0, waits), self.gap = self.gap, None
+            self.gaps.append((m0, self.mark(), time.perf_counter(), waits))
+
+    def engine_polled(self, policy=True):
+        """Right after that poll and its lap: a new gap starts."""
+        if policy:
+            self.gap = (self.mark(), [])
+
+    def loop_idle(self):
+        total = 0.0
+        for m0, m1, t1, waits in self.gaps:
+            idle = m0.seconds_to(m1)  # the engine ran out of work `idle` seconds before the gap's end
+            if idle > 0:
+                start = t1 - idle
+                total += max(0.0, idle - sum(max(0.0, min(e, t1) - max(s, start)) for s, e in waits))
+        return total
 
     def load(self, generate, analysis, env):
         """How much is in flight now, per resource: rollout requests, self-analysis requests, env commands."""
@@ -325,7 +390,9 @@ class Clock:
         self.lap("parse")
         for k in list(self.since):
             self.busy[k] += self.last - self.since.pop(k)
-        return {**self.phases, "wall": self.last - self.t0, **{f"busy_{k}": v for k, v in self.busy.items()}}
+        self.engine_poll()  # the last gap: from the last poll to the end
+        return {**self.phases, "wall": self.last - self.t0, **{f"busy_{k}": v for k, v in self.busy.items()},
+                "loop_idle": self.loop_idle()}
 
 
 def summarize_episodes(episodes, env=None):

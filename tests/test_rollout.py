@@ -85,9 +85,12 @@ def test_expert_wins_through_the_full_loop(expert_run, games):
     assert summary["All"]["invalid_rate"] == 0.0
     assert "All" in format_summary(summary)
     # the phases split the wall time; the env workers were busy most of it (the expert answers at once)
-    assert set(timings) == set(Clock.PHASES) | {"wall", "busy_generate", "busy_analysis", "busy_gpu", "busy_env"}
+    assert set(timings) == set(Clock.PHASES) | {"wall", "busy_generate", "busy_analysis", "busy_gpu", "busy_env",
+                                                "loop_idle"}
     assert sum(timings[k] for k in Clock.PHASES) == pytest.approx(timings["wall"], rel=1e-6)
     assert timings["analysis"] == timings["busy_analysis"] == 0.0 and timings["busy_env"] > 0.5 * timings["wall"]
+    # the expert's work is done when its poll returns (WallMark): every bit of the loop's work idled the engine
+    assert timings["loop_idle"] == pytest.approx(timings["parse"], rel=1e-3, abs=1e-3)
 
 
 def test_clock_busy_times_by_hand(monkeypatch):
@@ -110,6 +113,54 @@ def test_clock_busy_times_by_hand(monkeypatch):
     t = clock.result()
     assert t["wall"] == 10.0 and t["parse"] == 10.0  # no lap: all of it counts as the loop's own work
     assert (t["busy_generate"], t["busy_analysis"], t["busy_gpu"], t["busy_env"]) == (5.0, 3.0, 6.0, 3.0)
+
+
+def test_loop_idle_by_hand(monkeypatch):
+    """Clock's loop_idle: of the loop's own work, the part during which the policy engine had nothing to run. The
+    fake marks work like CudaMark: a mark taken while `queued` seconds of work wait on the engine is reached when
+    that work is done; a later mark no earlier than when it is taken."""
+    now, queued = [0.0], [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+
+    class QueueMark:
+        def __init__(self):
+            self.reached = now[0] + queued[0]
+
+        def seconds_to(self, later):
+            return max(later.reached, self.reached) - self.reached
+
+    def poll(start, end, ahead, kind="generate"):  # the loop polls the policy engine from `start` to `end`
+        now[0] = start
+        clock.lap("parse")
+        clock.engine_poll()
+        now[0] = end
+        clock.lap(kind)
+        queued[0] = ahead  # the forward vLLM queued before its step returned
+        clock.engine_polled()
+        queued[0] = 0.0
+
+    clock = Clock(QueueMark)        # t=0, nothing queued
+    poll(1.0, 3.0, ahead=0.5)       # [0, 1]: 1 s of prompts, the engine idle all along          -> 1.0
+    poll(3.2, 4.0, ahead=0.5)       # [3, 3.2]: 0.2 s of parsing beside the queued 0.5 s forward -> 0
+    now[0] = 4.2                    # [4, 5]: 0.2 s of work (hidden: the forward runs until 4.5),
+    clock.lap("parse")
+    now[0] = 4.7                    #   a wait on the env workers until 4.7 (the engine idle from 4.5: not the loop's),
+    clock.lap("env")
+    poll(5.0, 6.0, ahead=0.0, kind="analysis")  # then 0.3 s of prompts, the engine idle         -> 0.3
+    now[0] = 6.4                    # [6, 6.4]: the last gap, nothing queued                      -> 0.4
+    t = clock.result()
+    assert t["parse"] == pytest.approx(1.0 + 0.2 + 0.2 + 0.3 + 0.4)  # the loop's CPU time, 2.1 s
+    assert t["loop_idle"] == pytest.approx(1.0 + 0.0 + 0.3 + 0.4)    # of which 1.7 s held the engine up
+    # the same loop with an engine that is done when its poll returns (the default WallMark: HF, the expert)
+    now[0] = 0.0
+    clock = Clock()
+    poll(1.0, 3.0, ahead=0.5)
+    poll(3.2, 4.0, ahead=0.5)
+    now[0] = 4.6
+    clock.lap("env")
+    now[0] = 5.0
+    t = clock.result()
+    assert t["loop_idle"] == pytest.approx(t["parse"]) and t["parse"] == pytest.approx(1.0 + 0.2 + 0.4)
 
 
 def test_expert_records_and_rewards(expert_run, tokenizer):

@@ -66,6 +66,8 @@ def test_one_process_run_logs_every_metric_and_a_nonzero_opd_signal(one_process)
         assert parts == pytest.approx(r["time/rollout"], rel=1e-6)
         assert r["rollout/loop_share"] == pytest.approx(r["time/loop"] / r["time/rollout"])
         assert 0.0 < r["rollout/loop_share"] < 1.0
+        # HF's work is done when its poll returns, so all of the loop's work left the engine idle (Clock)
+        assert r["rollout/loop_idle_share"] == pytest.approx(r["rollout/loop_share"], abs=1e-3)
     # the dump shows the same sampled tokens scored under both contexts
     with open(os.path.join(one_process, "examples.jsonl")) as f:
         ex = json.loads(f.readline())

@@ -12,6 +12,8 @@
 #   bash benchmarks/remote/h200.sh W    # issue 31 item 5: weight sync and generation at the 1.5B and 3B shapes
 #                                # (random weights, model runner V2): 128 x (1,200 + 256) and seed_rl.py's batch
 #                                # per engine (16 x 512; B16=0 skips it); SHAPES="1.5B 3B" picks
+#   bash benchmarks/remote/h200.sh I    # issue 31 item 4: does the rollout's loop_idle measure the engine's idle
+#                                # time? benchmarks/loop_idle.py: a known sleep between polls of a real engine
 #   bash benchmarks/remote/h200.sh S1   # Stage 1 on the real 0.5B model: collect -> annotate (the model analyzes its
 #                                # own episodes) -> short SFT; then engine-vs-trainer log-prob agreement
 #   SFT_DATA=results/2026-12-03-stage1-chain-0.5b/stage1/skills.sft.jsonl bash benchmarks/remote/h200.sh SFT
@@ -165,6 +167,11 @@ W)  # weight sync + generation beside a standalone engine, per model shape (roll
         --json "$RUN/perf/rollout_${shape}_b16.json"
   done
   tar -czf "$OUT/W.tar.gz" -C "$RUN" perf logs
+  ;;
+I)  # the loop_idle check: sleeps of known length between polls of the 0.5B engine
+  mkdir -p "$RUN/perf"
+  step loop_idle 240 $PY benchmarks/loop_idle.py --model "$M" --json "$RUN/perf/loop_idle.json"
+  tar -czf "$OUT/I.tar.gz" -C "$RUN" perf/loop_idle.json logs
   ;;
 SFT)  # S1's SFT alone, from $SFT_DATA
   sft 150 "${SFT_DATA:-$RUN/stage1/skills.sft.jsonl}"
