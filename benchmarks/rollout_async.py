@@ -228,7 +228,7 @@ def update(name, extra):
         with open(os.path.join(out, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f]
     keys = ["update", "sync", "rollout", "generate", "env", "analysis", "sleep", "scoring", "train", "busy_gpu",
-            "busy_generate", "busy_analysis", "busy_env"]
+            "busy_generate", "busy_analysis", "busy_env", "loop", "loop_idle"]
     results["update"][name] = {"exit": code, "process_s": dt, "flags": extra, "updates": [
         dict({k: r.get(f"time/{k}") for k in keys}, skill_parse_rate=r.get("skill/parse_rate"),
              tokens=r.get("tokens/response"), success=r.get("rollout/success_rate")) for r in rows]}
