@@ -278,11 +278,16 @@ class DeviceMemory:
 
     def new_update(self):
         self.mem = {}
+        if self.on_gpu:  # the rollout's peak is counted from here
+            torch.cuda.reset_peak_memory_stats()
         return self.mem
 
     def sleep(self, engine):
-        """Put the engine to sleep; record the device's use with it awake and the share its sleep gave back."""
+        """Put the engine to sleep; record the device's use with it awake and the share its sleep gave back, and
+        the allocator's peak so far (mem/rollout_peak_gib: the awake engine, the trainer's weights and optimizer
+        state, and step 3a's plain scoring on the side thread, which ran beside the engine)."""
         if self.on_gpu:
+            self.mem["mem/rollout_peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
             self.mem["mem/device_used_gib_engine_awake"] = device_used_gib()
         engine.sleep()
         if self.on_gpu:  # the trainer's peak is counted from here

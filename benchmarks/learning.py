@@ -92,6 +92,7 @@ UPDATE_KEYS = {
     "loop_idle_share": "rollout/loop_idle_share", "time_scoring": "time/scoring",
     "time_train": "time/train", "time_sync": "time/sync",
     "mem_engine_awake_gib": "mem/device_used_gib_engine_awake", "mem_trainer_peak_gib": "mem/trainer_peak_gib",
+    "mem_rollout_peak_gib": "mem/rollout_peak_gib",
     # why a curve is flat (seed_rl.py update_metrics): groups without task signal, the policy's exploration
     "zero_var_groups": "adv/zero_var_group_share", "abs_adv": "adv/abs_mean_signal_groups",
     "entropy": "policy/entropy_mc", "response_tokens": "rollout/response_tokens_mean", "clipfrac": "pg/clipfrac",
