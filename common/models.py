@@ -1,6 +1,7 @@
 """Models and tokenizers: loading (a local folder, a hub id, or the tiny random Qwen2 of the CPU demos and tests;
 what cannot load is one line naming it), the offline shared assets, and the parameter names both the engine and
 the checkpoints use."""
+import json
 import os
 import re
 import sys
@@ -68,11 +69,31 @@ def from_pretrained(cls, model, **kw):
                  + ("" if hub_offline() else " (HF_HUB_OFFLINE=1 uses the local hub cache only)"))
 
 
+def qwen2_tokenizer_folder(path):
+    """Whether AutoTokenizer would load `path` as transformers' Qwen2Tokenizer and nothing else: a local folder
+    whose tokenizer_config.json names that class, with no custom code (auto_map) and no config.json (a model's
+    config could map its type to another class)."""
+    try:
+        with open(os.path.join(path, "tokenizer_config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return (cfg.get("tokenizer_class") in ("Qwen2Tokenizer", "Qwen2TokenizerFast") and "auto_map" not in cfg
+            and not os.path.exists(os.path.join(path, "config.json")))
+
+
 def load_tokenizer(model):
     """`tiny` and `expert` use the real Qwen2.5 tokenizer; a model path/hub id uses its own."""
     path = default_tokenizer_path() if model in ("tiny", "expert") else check_model(model, "tokenizer_config.json")
-    from transformers import AutoTokenizer  # after check_model: a refused name answers without its imports
-    tok = from_pretrained(AutoTokenizer, path)
+    # after check_model: a refused name answers without transformers' imports. The Qwen2.5 folder of tiny and
+    # expert: the class AutoTokenizer picks for it, imported directly, since importing AutoTokenizer imports
+    # transformers' whole model stack (~1.4 s of CPU for scripts that load no model: the expert's collect and
+    # evaluate). The same tokenizer: tests/test_chat.py compares the two.
+    if model in ("tiny", "expert") and qwen2_tokenizer_folder(path):
+        from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer as tokenizer_class
+    else:
+        from transformers import AutoTokenizer as tokenizer_class
+    tok = from_pretrained(tokenizer_class, path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -12,10 +12,10 @@ One step, worked through (a pick-and-place game; the prompt is `build_prompt`'s,
     feedback  You arrive at fridge 1. The fridge 1 is closed.
     reward    0.0 (+10 at the step the game is won; an invalid step: -0.1)
 
-Game files come from alfworld's own `AlfredTWEnv.collect_game_files` (the solvable games of a split, as
-its trainer sees them); each game is played through TextWorld with alfworld's wrappers, exactly as
-`AlfredTWEnv.init_env` builds its envs (AlfredDemangler without shuffling, AlfredInfos), one game per
-episode slot of an `EnvPool` worker.
+Game files are the ones alfworld's own `AlfredTWEnv.collect_game_files` lists (the solvable games of a split,
+as its trainer sees them; `list_games` applies its rule); each game is played through TextWorld with alfworld's
+wrappers, exactly as `AlfredTWEnv.init_env` builds its envs (AlfredDemangler without shuffling, AlfredInfos), one
+game per episode slot of an `EnvPool` worker.
 """
 import functools
 import json
@@ -140,18 +140,32 @@ def task_type_of(game_file):
 
 @functools.lru_cache(maxsize=None)
 def list_games(split):
-    """Sorted solvable game files of a split (os.walk order is filesystem-dependent, so sort)."""
+    """Sorted solvable game files of a split (os.walk order is filesystem-dependent, so sort).
+
+    alfworld's own rule (`AlfredTWEnv.collect_game_files`, with alfworld_config's settings), walked here: building
+    AlfredTWEnv for it imports TextWorld and alfworld's agents (~1 s of every script's start-up, where the games
+    themselves are played in env workers). A folder with traj_data.json is a game unless its path names
+    'movable' or 'Sliced', its task type is not one of the six, it has no game.tw-pddl, or that file is not
+    marked solvable. tests/test_env.py checks the lists equal AlfredTWEnv's for every split."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {list(SPLITS)}")
-    from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
-    stdout, sys.stdout = sys.stdout, open(os.devnull, "w")  # AlfredTWEnv prints and draws a tqdm bar
-    stderr, sys.stderr = sys.stderr, sys.stdout
-    try:
-        env = AlfredTWEnv(alfworld_config(), train_eval=SPLITS[split])
-    finally:
-        sys.stdout.close()
-        sys.stdout, sys.stderr = stdout, stderr
-    return tuple(sorted(env.game_files))
+    dataset = alfworld_config()["dataset"]
+    root = os.path.expandvars(dataset[{"train": "data_path", "valid_seen": "eval_id_data_path",
+                                       "valid_unseen": "eval_ood_data_path"}[split]])
+    games = []
+    for folder, _, files in os.walk(root):
+        if "traj_data.json" not in files or "movable" in folder or "Sliced" in folder:
+            continue
+        with open(os.path.join(folder, "traj_data.json")) as f:
+            if json.load(f)["task_type"] not in TASK_TYPES:
+                continue
+        game_file = os.path.join(folder, "game.tw-pddl")
+        if not os.path.exists(game_file):
+            continue
+        with open(game_file) as f:
+            if json.load(f).get("solvable"):
+                games.append(game_file)
+    return tuple(sorted(games))
 
 
 def task_id_of(game_file):

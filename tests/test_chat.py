@@ -86,6 +86,23 @@ def ids(tok, text):
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
+@pytest.mark.parametrize("model", ["tiny", "expert"])
+def test_load_tokenizer_is_the_tokenizer_autotokenizer_loads(qwen25, model):
+    """common/models.py load_tokenizer imports the Qwen2.5 folder's class directly (AutoTokenizer's import costs
+    ~1.4 s): the same class, vocabulary, special tokens, chat template and ids as AutoTokenizer's tokenizer."""
+    from common.models import load_tokenizer
+    tok = load_tokenizer(model)
+    assert type(tok) is type(qwen25) and tok.chat_template == qwen25.chat_template
+    assert tok.get_vocab() == qwen25.get_vocab() and str(tok.added_tokens_decoder) == str(qwen25.added_tokens_decoder)
+    assert tok.special_tokens_map == qwen25.special_tokens_map and tok.pad_token == "<|endoftext|>"
+    assert tok.eos_token_id == qwen25.eos_token_id and tok.model_max_length == qwen25.model_max_length
+    assert tok.init_kwargs == qwen25.init_kwargs
+    for text in USER_TEXTS + RESPONSES + [ANSWER]:
+        assert ids(tok, text) == ids(qwen25, text) and chat_prompt(tok, text) == chat_prompt(qwen25, text)
+        assert tok(text)["input_ids"] == qwen25(text)["input_ids"]
+        assert tok.decode(ids(tok, text)) == qwen25.decode(ids(qwen25, text)) == text
+
+
 # ----------------------------------------------------------------------------------------------------
 # Qwen2.5: byte-identical to what the project always rendered (the template with no extra arguments)
 

@@ -70,6 +70,14 @@ def test_split_counts_match_the_release(split):
     per_type = collections.Counter(task_type_of(g) for g in games)
     assert per_type == {t: c[col] for t, c in TYPE_COUNTS.items()}
     assert all(task_id_of(g).startswith(f"{split}/") and os.path.isfile(g) for g in games)
+    # list_games walks the folders by alfworld's own rule: the same list as alfworld's AlfredTWEnv gives
+    import contextlib
+    import io
+    from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
+    from envs.alfworld import alfworld_config
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its prints, tqdm
+        env = AlfredTWEnv(alfworld_config(), train_eval=SPLITS[split])
+    assert games == tuple(sorted(env.game_files))
 
 
 def test_select_games_stratified_and_seeded():

@@ -31,14 +31,21 @@ def fake(tmp_path):
     (start / "config.json").write_text('{"model_type": "qwen2"}')
     (start / "model.safetensors").write_text("weights")
     res, scratch = tmp_path / "results", tmp_path / "scratch"
+    # the driver's report without its figures (~3 s of matplotlib per driver call, ~30 calls here): a `matplotlib`
+    # that raises ImportError shadows the real one, the report's own text-only path. The figures are drawn and
+    # checked in tests/test_learning_report.py, and by the real driver in test_real_scripts_tiny_model below.
+    hide = tmp_path / "no_matplotlib"
+    (hide / "matplotlib").mkdir(parents=True)
+    (hide / "matplotlib" / "__init__.py").write_text("raise ImportError('matplotlib hidden by the test')\n")
 
     def drive(*extra, env=None, timeout=120, check=True, script=REMOTE):
         args = [script, "--model", str(start), "--updates", "3", "--launcher", "python",
                 "--backend", "hf", "--seed-rl-script", os.path.join(DATA, "fake_seed_rl.py"),
                 "--evaluate-script", os.path.join(DATA, "fake_evaluate.py"), "--results-dir", str(res),
                 "--scratch", str(scratch), *extra]
-        return run_script(args, timeout=timeout, check=check, env=env or {})
+        return run_script(args, timeout=timeout, check=check, env=dict(env or {}, **drive.no_figures))
     drive.res, drive.scratch = res, scratch
+    drive.no_figures = {"PYTHONPATH": os.pathsep.join([REPO, str(hide)])}
     return drive
 
 
@@ -270,7 +277,7 @@ def test_eval_in_run_records_each_runs_own_start_and_end_and_runs_no_evaluate(fa
         assert r["eval"]["start"]["all"]["success"] == 50.0 * r["seed"] and r["eval"]["end"]["all"]["success"] == 50.0
         assert r["eval"]["end"]["per_task"]["valid_seen/t0"] == [1] and r["config"]["eval"]["in_run"]
         assert not (fake.scratch / r["run_id"] / "eval").exists()
-    run_script(["benchmarks/learning_report.py", "--results-dir", str(fake.res)])
+    run_script(["benchmarks/learning_report.py", "--results-dir", str(fake.res)], env=fake.no_figures)
     rep = json.loads((fake.res / "report" / "report.json").read_text())
     (g,) = rep["groups"]
     # each run against its own start: seed 0 +50, seed 1 0 points
