@@ -5,8 +5,9 @@ the vLLM engine idle? (issue 31, item 4). A known amount of "loop work" between 
     python benchmarks/loop_idle.py --model $QWEN_CODER_DIR --json /tmp/loop_idle.json
 
 For each --work-ms d, the same requests (--requests prompts of 512 random token ids, up to --new-tokens tokens
-each, seeded) go through VLLMBackend.submit/poll, one decode step per poll, and the loop sleeps d ms between polls: a stand-in for its CPU work (the loop thread does it; vLLM runs nothing on
-another thread, so a sleep and CPU work hold the engine up alike). Clock books the sleep as `parse`. vLLM
+each, seeded) go through VLLMBackend.submit/poll, one decode step per poll, and the loop sleeps d ms between
+polls: a stand-in for its CPU work (the loop thread does it; vLLM runs nothing on another thread, so a sleep and
+CPU work hold the engine up alike). Clock books the sleep as `parse`. vLLM
 queues its next forward before `step` returns, so a work of d ms leaves the engine idle max(0, d - forward) per
 poll. What to read: with d = 0 the step time (wall / polls); loop_idle near 0 while d is below it, and near
 polls x (d - step) above it; loop_idle per poll against d. Not a test: figures are reported, never asserted.
