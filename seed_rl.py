@@ -526,10 +526,9 @@ def main():
                                      analysis_prompt=lambda ep: analysis_prompt(tokenizer, ep, args, env),
                                      analysis_max_new_tokens=args.analysis_max_new_tokens,
                                      analysis_loop_stop=args.analysis_loop_stop, on_played=start_plain)
-        # the rollout's phases (sum: time/rollout; loop: its own CPU work); busy_*: time each had work in flight;
-        # loop_idle: of the loop's work, what left the engine idle (the rest ran beside vLLM's queued forward)
+        # the rollout's phases (sum: time/rollout; loop: its own CPU work, loop_idle: what of it idled the engine)
         tm.update(rollout=rt["wall"], generate=rt["generate"], env=rt["reset"] + rt["env"], loop=rt["parse"],
-                  analysis=rt["analysis"], loop_idle=rt["loop_idle"],
+                  analysis=rt["analysis"], loop_idle=rt["loop_idle"],  # busy_*: time each had work in flight
                   **{k: v for k, v in rt.items() if k.startswith("busy_")})
         t_rollout_end = time.perf_counter()
         with tm.phase("scoring"):  # the side thread's scores: they must be in before the engine sleeps
