@@ -11,7 +11,7 @@
 #                                # then both runners at seed_rl.py's batch per engine (16 x 512 new tokens)
 #   bash benchmarks/remote/h200.sh W    # issue 31 item 5: weight sync and generation at the 1.5B and 3B shapes
 #                                # (random weights, model runner V2): 128 x (1,200 + 256) and seed_rl.py's batch
-#                                # per engine (16 x 512; B16=0 skips it); SHAPES="1.5B 3B" picks
+#                                # per engine (16 x 512; B16=0 skips it, B128=0 the first); SHAPES="1.5B 3B" picks
 #   bash benchmarks/remote/h200.sh I    # issue 31 item 4: does the rollout's loop_idle measure the engine's idle
 #                                # time? benchmarks/loop_idle.py: a known sleep between polls of a real engine
 #   bash benchmarks/remote/h200.sh S1   # Stage 1 on the real 0.5B model: collect -> annotate (the model analyzes its
@@ -160,7 +160,7 @@ W)  # weight sync + generation beside a standalone engine, per model shape (roll
   mkdir -p "$RUN/perf"
   MEM=0.5  # the engine's share: the fp32 policy (4 bytes a parameter: 12 GB at 3B) sits beside it, on 80 GB too
   for shape in ${SHAPES:-1.5B 3B}; do
-    step rollout_$shape 240 $PY benchmarks/rollout.py --config Qwen2.5-$shape-Instruct --skip-hf \
+    [ "${B128:-1}" = 1 ] && step rollout_$shape 240 $PY benchmarks/rollout.py --config Qwen2.5-$shape-Instruct --skip-hf \
         --gpu-memory-utilization $MEM --json "$RUN/perf/rollout_$shape.json"
     [ "${B16:-1}" = 1 ] && step rollout_${shape}_b16 150 $PY benchmarks/rollout.py --config Qwen2.5-$shape-Instruct --skip-hf \
         --gpu-memory-utilization $MEM --prompts 16 --new-tokens 512 --repeats 3 --sync-repeats 0 \
