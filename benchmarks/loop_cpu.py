@@ -8,8 +8,8 @@ works while that forward runs. The part that leaves the engine idle is seed_rl.p
     # 2 CPU cores, ~3 minutes: 16 episodes, 30 steps, 2 env workers
     python benchmarks/loop_cpu.py --episodes 16 --json /tmp/loop_cpu.json
 
-Three parts, on the same episodes (the stand-in's actions depend only on each request's seed, so every run plays
-the same steps):
+Four parts, the first three on the same episodes (the stand-in's actions depend only on each request's seed, so
+every run plays the same steps):
   play     one timed run: the Clock's phases (parse = the loop's own work: prompts, chat template,
            tokenization, parsing, records), steps, and the main thread's CPU time (time.thread_time: what the
            loop itself burned, not counting the time it waited or was preempted by the env workers)
@@ -20,6 +20,8 @@ the same steps):
            running: the prompt work alone, free of the noise of env workers sharing the cores; once with
            chat_prompt (the plain path) and once with the loop's ChatPrompts (prompts/chat.py), each checked
            against the ids the loop recorded
+  poll     EnvPool.poll(timeout=0), the loop's env check once per engine step, alone: CPU per call while all
+           --workers workers are busy (a stand-in env that sleeps), for ~1 s
 The stand-in engine (`RandomAdmissible`) answers each request at once with a well-formed response: a short
 think block and an admissible action drawn with the request's seed (a random walk: episodes mostly run all
 --max-steps turns with a full history, like an untrained policy's). --policy expert uses the scripted expert
@@ -70,6 +72,37 @@ class RandomAdmissible(BatchBackend):
             text = f"<think>I should try something new here.</think>\n<action>{action}</action>"
             out.append(Generation(self.ids(text) + [self.eos], text, "stop"))
         return out
+
+
+class Sleeper:
+    """The poll part's env: a step sleeps `action` seconds, so its worker stays busy (envs/pool.py factory)."""
+
+    def __init__(self, spec):
+        pass
+
+    def reset(self):
+        return {}
+
+    def step(self, action):
+        time.sleep(float(action))
+        return {}
+
+
+def poll_cost(workers, seconds=1.0):
+    """CPU microseconds per EnvPool.poll(timeout=0) while every worker has a step pending, and the calls made."""
+    from envs.pool import EnvPool
+    with EnvPool("benchmarks.loop_cpu:Sleeper", num_workers=workers) as pool:
+        pool.reset([None] * workers)
+        for s in range(workers):
+            pool.submit(s, "step", seconds + 1.0)
+        calls, cpu, end = 0, time.thread_time(), time.monotonic() + seconds
+        while time.monotonic() < end:
+            assert pool.poll(timeout=0) == [], "a worker answered early: the figure would not be for busy workers"
+            calls += 1
+        cpu = time.thread_time() - cpu
+        while pool.pending():
+            pool.poll(timeout=None)
+    return 1e6 * cpu / calls, calls
 
 
 def parse_args(argv=None):
@@ -155,6 +188,8 @@ def main(argv=None):
         sec, n, tokens, bad = rebuild_prompts(args, episodes, tokenizer, chat)
         res["prompts"][name] = {"steps": n, "tokens": tokens, "seconds": sec, "ms_per_step": 1e3 * sec / max(n, 1),
                                 "mismatches": bad}
+    us, calls = poll_cost(args.workers)
+    res["env_poll"] = {"workers": args.workers, "calls": calls, "cpu_us_per_call": us}
     if args.top:
         p_episodes, _, _, prof = play(args, games, tokenizer, profile=True)
         res["same_episodes_under_profile"] = [[s["prompt_ids"] for s in ep["steps"]] for ep in p_episodes] == \
@@ -173,6 +208,7 @@ def main(argv=None):
     for name, r in res["prompts"].items():
         print(f"prompts alone, fit_prompt with {name}: {r['ms_per_step']:.2f} ms/step ({r['seconds']:.2f} s, "
               f"{r['mismatches']} mismatches with the recorded ids)")
+    print(f"EnvPool.poll(timeout=0) with {args.workers} busy workers: {us:.1f} us CPU per call ({calls} calls)")
     if args.top:
         print(f"\nprofile, main thread CPU, top {args.top} by cumulative time (same episodes: "
               f"{res['same_episodes_under_profile']})")

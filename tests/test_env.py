@@ -239,6 +239,25 @@ def test_hung_worker_is_killed_and_replaced():
         assert [s["observation"].split()[3] for s in states] == [str(new[i % 2]) for i in range(4)]
 
 
+def test_hung_worker_is_caught_by_non_blocking_polls():
+    """The rollout loop polls with timeout 0 once per engine step; the pool then checks the deadlines a few times
+    a second (not on every call), so a hung worker is still replaced soon after its deadline, and the others'
+    answers come back meanwhile."""
+    with EnvPool("tests.test_env:make_fake_game", num_workers=2, reset_timeout=60, step_timeout=60) as pool:
+        pool.reset(["a", "b"])
+        pool.step_timeout = 1.0
+        pool.submit(0, "step", "sleep 0.3")
+        pool.submit(1, "step", "sleep 60")
+        t0, got = time.monotonic(), {}
+        while len(got) < 2 and time.monotonic() - t0 < 10:
+            got.update(pool.poll(timeout=0))
+            time.sleep(0.001)
+        took = time.monotonic() - t0
+        assert got[0]["observation"] == "a step 1" and got[1] == {"error": "env worker timed out"}
+        assert 1.0 <= took < 3, f"the hung worker was caught after {took:.1f}s (deadline 1 s, checks every 0.2 s)"
+        assert pool.stats["workers_replaced"] == 1
+
+
 def test_broken_game_and_dying_reset_are_contained():
     with EnvPool("tests.test_env:make_fake_game", num_workers=2, reset_timeout=30, step_timeout=5) as pool:
         pool.reset(["a", "b"])
