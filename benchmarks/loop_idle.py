@@ -7,10 +7,12 @@ the vLLM engine idle? (issue 31, item 4). A known amount of "loop work" between 
 For each --work-ms d, the same requests (--requests prompts of 512 random token ids, up to --new-tokens tokens
 each, seeded) go through VLLMBackend.submit/poll, one decode step per poll, and the loop sleeps d ms between
 polls: a stand-in for its CPU work (the loop thread does it; vLLM runs nothing on another thread, so a sleep and
-CPU work hold the engine up alike). Clock books the sleep as `parse`. vLLM
-queues its next forward before `step` returns, so a work of d ms leaves the engine idle max(0, d - forward) per
-poll. What to read: with d = 0 the step time (wall / polls); loop_idle near 0 while d is below it, and near
-polls x (d - step) above it; loop_idle per poll against d. Not a test: figures are reported, never asserted.
+CPU work hold the engine up alike). Clock books the sleep as `parse`. vLLM queues its next forward before `step`
+returns, so a work of d ms leaves the engine idle max(0, d - f) per poll, f being what is left of the queued
+forward's GPU time when `step` returns (at most a forward; vLLM's own CPU work makes up the rest of a step). What to
+read: loop_idle per poll against d, and the wall clock's growth per poll against d. On one H100 with the 0.5B model
+(results/2026-12-07-loop-idle-seed-vs-grpo-bc-start): d + 0.04-0.2 ms for every d from 1 to 20 ms, the wall clock
+growing alike: f ~ 0, the forward done within vLLM's 2.4 ms step. Not a test: figures are reported, never asserted.
 """
 import argparse
 import json
