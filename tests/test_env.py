@@ -254,7 +254,7 @@ def test_hung_worker_is_caught_by_non_blocking_polls():
             time.sleep(0.001)
         took = time.monotonic() - t0
         assert got[0]["observation"] == "a step 1" and got[1] == {"error": "env worker timed out"}
-        assert 1.0 <= took < 3, f"the hung worker was caught after {took:.1f}s (deadline 1 s, checks every 0.2 s)"
+        assert 1.0 <= took < 5, f"the hung worker was caught after {took:.1f}s (deadline 1 s, checks every 0.2 s)"
         assert pool.stats["workers_replaced"] == 1
 
 
