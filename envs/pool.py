@@ -189,7 +189,7 @@ class EnvPool:
                 self.next_check = now + 0.2
             for w in sorted(gone.union(busy if check else ())):
                 proc = self.workers[w][0]
-                if w in gone or (check and self.queue[w] and proc.poll() is not None):
+                if w in gone or (self.queue[w] and proc.poll() is not None):  # busy ones only when check
                     try:
                         proc.wait(timeout=1)
                     except subprocess.TimeoutExpired:
